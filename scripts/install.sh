@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs what the lab needs, skipping what is already there:
+#   - .venv/ with the project and its dev tools (Python packages from PyPI)
+#   - nginx from Debian's packages
+#   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
+# Safe to run again; `make up` and `make test` call it first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.12.0}"
+PYTHON="${PYTHON:-python3}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+# --- Python -----------------------------------------------------------------
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "streamlab needs Python >= 3.11 (found: $("$PYTHON" --version 2>&1))." >&2
+  exit 1
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  say "creating .venv and installing the project (pip install -e '.[dev]')"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  rm -f .venv/.installed-* && touch "$stamp"
+fi
+
+# --- nginx ------------------------------------------------------------------
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "installing nginx from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+  else
+    echo "nginx is missing. Install it with: sudo apt-get install -y nginx-light" >&2
+    exit 1
+  fi
+fi
+# Debian starts a system nginx on port 80 at install; the lab runs its own and
+# never needs that one, but leaves it alone.
+
+# --- Toxiproxy --------------------------------------------------------------
+if [ ! -x .tools/bin/toxiproxy-server ] || [ ! -x .tools/bin/toxiproxy-cli ]; then
+  if ! command -v go >/dev/null 2>&1; then
+    echo "Toxiproxy is built with Go, which is missing. Install Go (>= 1.22), then run" >&2
+    echo "  go install github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" >&2
+    exit 1
+  fi
+  say "building Toxiproxy $TOXIPROXY_VERSION (go install)"
+  mkdir -p .tools/gobin .tools/bin
+  GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXIPROXY_VERSION"
+  mv .tools/gobin/server .tools/bin/toxiproxy-server
+  mv .tools/gobin/cli .tools/bin/toxiproxy-cli
+fi

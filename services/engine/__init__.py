@@ -1,0 +1,1 @@
+"""The engine: a gRPC server-streaming service that runs the model."""

@@ -1,0 +1,3 @@
+from services.engine.server import main
+
+main()

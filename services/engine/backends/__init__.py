@@ -1,0 +1,1 @@
+"""Model backends behind the engine's gRPC stream. `base` defines the interface."""

@@ -1,0 +1,96 @@
+"""Builds and runs the engine's gRPC server.
+
+`create_server()` is split from `serve()` so tests can start the engine on a
+free port in-process. Shutdown is graceful: health goes NOT_SERVING first (so
+the gateway and compose stop sending), then `server.stop(grace)` lets live
+streams finish before cancelling them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from services.engine.backends.base import Backend
+from services.engine.backends.fake import FakeModel
+from services.engine.servicer import EngineServicer
+from services.engine.settings import EngineSettings
+from services.engine.stats import EngineStats
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("streamlab.engine")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EngineService"].full_name
+
+# Keepalive must agree with the gateway's channel options: the gateway pings
+# every 10 s; a server that allows pings less often answers GOAWAY
+# "too_many_pings" and the gateway's calls fail.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def make_backend(settings: EngineSettings) -> Backend:
+    if settings.backend == "fake":
+        return FakeModel()
+    raise ValueError(f"unknown backend {settings.backend!r}")
+
+
+class Engine:
+    def __init__(self, server: grpc.aio.Server, health: HealthServicer, port: int) -> None:
+        self.server = server
+        self.health = health
+        self.port = port
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def create_server(settings: EngineSettings, backend: Backend | None = None) -> Engine:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    stats = EngineStats(settings.stats_history)
+    servicer = EngineServicer(backend or make_backend(settings), stats, settings)
+    pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"engine could not bind {settings.host}:{settings.port}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Engine(server, health, port)
+
+
+async def serve(settings: EngineSettings) -> None:
+    engine = await create_server(settings)
+    log.info("engine (%s) listening on %s:%d", settings.backend, settings.host, engine.port)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("draining: health NOT_SERVING, %.1f s grace", settings.shutdown_grace_s)
+    await engine.stop(settings.shutdown_grace_s)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(EngineSettings()))

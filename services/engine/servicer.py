@@ -1,0 +1,155 @@
+"""The gRPC servicer: validates requests, runs a backend, streams and counts.
+
+Cancellation: when the gateway cancels the call (its client left), grpc.aio
+cancels this handler's task, so CancelledError surfaces at the backend's next
+await (its next decode step). We record the cancel, let `finally` close the
+generation, and re-raise: swallowing it would leave grpc thinking the handler
+is still running. A done-callback marks the cancel too, for backends whose
+decode loop lives in a thread and notices later than the event loop does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.engine.backends.base import (
+    Backend,
+    BackendError,
+    ChatMessage,
+    FakeTiming,
+    GenerationInput,
+    ThinkPause,
+)
+from services.engine.settings import EngineSettings
+from services.engine.stats import EngineStats, GenerationRecord, State
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+
+_STATE_TO_PB = {
+    State.RUNNING: pb.GENERATION_STATE_RUNNING,
+    State.COMPLETED: pb.GENERATION_STATE_COMPLETED,
+    State.CANCELLED: pb.GENERATION_STATE_CANCELLED,
+    State.FAILED: pb.GENERATION_STATE_FAILED,
+}
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -> GenerationInput:
+    """Validate a wire request and fill in defaults; InvalidRequest names the bad field."""
+    if not request.prompt and not request.messages:
+        raise InvalidRequest("one of `prompt` or `messages` is required")
+    if request.max_tokens > settings.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens={request.max_tokens} exceeds the limit {settings.max_tokens_limit}"
+        )
+    defaults = settings.fake
+    timing = request.timing if request.HasField("timing") else None
+    fake = FakeTiming(
+        prefill_ms=timing.prefill_ms if timing and timing.prefill_ms else defaults.prefill_ms,
+        token_gap_ms=timing.token_gap_ms if timing and timing.token_gap_ms else defaults.token_gap_ms,
+        answer_tokens=(
+            timing.answer_tokens if timing and timing.answer_tokens else defaults.answer_tokens
+        ),
+        pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in timing.pauses) if timing else (),
+    )
+    return GenerationInput(
+        request_id=request.request_id or uuid.uuid4().hex,
+        prompt=request.prompt,
+        messages=tuple(ChatMessage(m.role, m.content) for m in request.messages),
+        max_tokens=request.max_tokens or settings.max_tokens_limit,
+        timing=fake,
+    )
+
+
+class EngineServicer(pb_grpc.EngineServiceServicer):
+    def __init__(self, backend: Backend, stats: EngineStats, settings: EngineSettings) -> None:
+        self._backend = backend
+        self._stats = stats
+        self._settings = settings
+
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            generation = to_generation_input(request, self._settings)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        record = self._stats.begin(generation.request_id)
+        context.add_done_callback(lambda ctx: self._on_done(ctx, record))
+        # Headers now, before the (possibly long) prefill: the gateway learns that
+        # the engine accepted the call and can commit to a 200 for its client.
+        await context.send_initial_metadata((("x-request-id", generation.request_id),))
+        state = State.FAILED
+        produced = 0
+        try:
+            async for text in self._backend.generate(generation, record):
+                yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=text))
+                produced += 1
+            reason = (
+                pb.FINISH_REASON_LENGTH
+                if self._backend.finished_by_length(generation, produced)
+                else pb.FINISH_REASON_STOP
+            )
+            state = State.COMPLETED
+            yield pb.GenerateResponse(
+                finish=pb.Finish(
+                    reason=reason,
+                    usage=pb.Usage(
+                        prompt_tokens=_prompt_tokens(generation), completion_tokens=produced
+                    ),
+                )
+            )
+        except asyncio.CancelledError:
+            self._stats.mark_cancel(record)
+            state = State.CANCELLED
+            raise
+        except BackendError as exc:
+            if produced == 0:
+                await context.abort(grpc.StatusCode.INTERNAL, f"{exc.code}: {exc.message}")
+            yield pb.GenerateResponse(error=pb.StreamError(code=exc.code, message=exc.message))
+        finally:
+            self._stats.end(record, state)
+
+    async def GetStats(  # noqa: N802 - gRPC method name
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
+        stats = self._stats
+        return pb.GetStatsResponse(
+            backend=self._backend.name,
+            tokens_generated=stats.tokens_generated,
+            generations_active=stats.active,
+            generations_started=stats.started,
+            generations_completed=stats.completed,
+            generations_cancelled=stats.cancelled,
+            generations_failed=stats.failed,
+            tokens_after_cancel=stats.tokens_after_cancel,
+            generations=[_record_to_pb(r) for r in stats.records(request.request_id)],
+        )
+
+    def _on_done(self, context: grpc.aio.ServicerContext, record: GenerationRecord) -> None:
+        if context.cancelled():
+            self._stats.mark_cancel(record)
+
+
+def _prompt_tokens(generation: GenerationInput) -> int:
+    text = generation.prompt or " ".join(m.content for m in generation.messages)
+    return len(text.split())
+
+
+def _record_to_pb(record: GenerationRecord) -> pb.GenerationRecord:
+    return pb.GenerationRecord(
+        request_id=record.request_id,
+        state=_STATE_TO_PB[record.state],
+        tokens_generated=record.tokens_generated,
+        tokens_after_cancel=record.tokens_after_cancel,
+        started_at=record.started_at,
+        cancelled_at=record.cancelled_at,
+        ended_at=record.ended_at,
+    )

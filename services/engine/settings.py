@@ -1,0 +1,33 @@
+"""The engine's settings: one typed object, built in main() and passed down."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class FakeModelDefaults(BaseSettings):
+    """Timing of the fake model when a request does not shape it (the seed's numbers)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_FAKE_", extra="ignore")
+
+    prefill_ms: int = Field(300, ge=0)
+    token_gap_ms: int = Field(50, ge=0)
+    answer_tokens: int = Field(50, ge=1)
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_ENGINE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    backend: Literal["fake"] = "fake"
+    # Upper bound on max_tokens a request may ask for.
+    max_tokens_limit: int = Field(4096, ge=1)
+    # How many finished generations GetStats remembers.
+    stats_history: int = Field(2048, ge=1)
+    # Seconds live calls get to finish on SIGTERM before they are cancelled.
+    shutdown_grace_s: float = Field(5.0, ge=0)
+    fake: FakeModelDefaults = Field(default_factory=FakeModelDefaults)

@@ -1,0 +1,58 @@
+"""The gateway's FastAPI application, built from its settings (no import-time state)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.gateway.engine_client import EngineClient
+from services.gateway.errors import GatewayError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai_routes import router as openai_router
+from services.gateway.settings import GatewaySettings
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.engine = EngineClient(settings.engine_target, settings.engine_accept_timeout_s)
+        try:
+            yield
+        finally:
+            await app.state.engine.close()
+
+    app = FastAPI(title="streamlab gateway", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = GatewayMetrics()
+    app.include_router(openai_router)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(
+            first.get("msg", "invalid request"))
+        body = {"error": {"message": message, "type": "invalid_request_error",
+                          "param": where or None, "code": "invalid_request"}}
+        return JSONResponse(body, status_code=400)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(
+            generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    return app

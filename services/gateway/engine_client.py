@@ -1,0 +1,106 @@
+"""The gateway's side of the gRPC hop: one channel, one call per stream.
+
+Every call is owned by the request that opened it. `EngineStream.cancel()` is
+synchronous and idempotent so it can run in a `finally` that is itself being
+cancelled (the client-disconnect path), and it is what makes the engine stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import grpc
+
+from services.gateway.errors import EngineError
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+
+# Keepalive agrees with the engine's server options (services/engine/server.py):
+# pings every 10 s find a black-holed hop in ~15 s even with no call running.
+# Short reconnect backoff: a restarted engine is usable again within a second.
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+
+
+class EngineStream:
+    """An accepted Generate call: iterate it for responses, cancel it when done."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str) -> None:
+        self._call = call
+        self.request_id = request_id
+
+    async def __aiter__(self) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            async for response in self._call:
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            raise EngineError.from_rpc_error(exc) from exc
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def __aenter__(self) -> EngineStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class EngineClient:
+    def __init__(self, target: str, accept_timeout_s: float) -> None:
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.EngineServiceStub(self._channel)
+        self._accept_timeout_s = accept_timeout_s
+
+    async def open(self, request: pb.GenerateRequest) -> EngineStream:
+        """Start a generation and wait until the engine has accepted it.
+
+        Raising here, before the HTTP response starts, lets the gateway answer
+        with a real status code (400, 429, 503, 504) instead of a broken stream.
+        """
+        call = self._stub.Generate(request, wait_for_ready=False)
+        try:
+            metadata = await asyncio.wait_for(call.initial_metadata(), self._accept_timeout_s)
+        except TimeoutError as exc:
+            call.cancel()
+            raise EngineError(
+                504, "engine_timeout",
+                f"engine did not accept the call within {self._accept_timeout_s:g} s",
+            ) from exc
+        except grpc.aio.AioRpcError as exc:
+            raise EngineError.from_rpc_error(exc) from exc
+        except BaseException:
+            call.cancel()
+            raise
+        if call.done():
+            # The engine may fail a call with trailers only (e.g. INVALID_ARGUMENT).
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise EngineError.from_status(code, await call.details())
+        request_id = dict(metadata or ()).get("x-request-id", request.request_id)
+        return EngineStream(call, str(request_id))
+
+    async def stats(self, request_id: str = "") -> pb.GetStatsResponse:
+        try:
+            return await self._stub.GetStats(
+                pb.GetStatsRequest(request_id=request_id), timeout=self._accept_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise EngineError.from_rpc_error(exc) from exc
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,131 @@
+"""The OpenAI-compatible surface: request models and the JSON of each chunk.
+
+Beyond OpenAI's fields, a request may carry a `streamlab` object (OpenAI SDKs
+send it with `extra_body={"streamlab": {...}}`) that shapes the fake model's
+timing for this one request, so tests and scenarios need no restarts:
+
+    "streamlab": {"prefill_ms": 300, "token_gap_ms": 50, "answer_tokens": 20,
+                  "pauses": [{"after_token": 4, "pause_ms": 3000}],
+                  "request_id": "my-id"}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streamlab.api.engine.v1 import engine_pb2 as pb
+
+MAX_DELAY_MS = 600_000  # ten minutes: past that a "pause" is a hang, not a lab setting
+
+
+class Pause(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    after_token: int = Field(ge=0)
+    pause_ms: int = Field(ge=0, le=MAX_DELAY_MS)
+
+
+class StreamlabOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefill_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    token_gap_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    answer_tokens: int | None = Field(None, ge=1, le=100_000)
+    pauses: list[Pause] = Field(default_factory=list, max_length=1000)
+    request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\w.:-]+$")
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    # OpenAI clients send many sampling fields the fake model has no use for.
+    model_config = ConfigDict(extra="ignore")
+    model: str = "streamlab-fake"
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stream_options: StreamOptions | None = None
+    streamlab: StreamlabOptions | None = None
+
+    def to_engine_request(self, request_id: str) -> pb.GenerateRequest:
+        options = self.streamlab or StreamlabOptions()
+        timing = pb.FakeModelTiming(
+            prefill_ms=options.prefill_ms or 0,
+            token_gap_ms=options.token_gap_ms or 0,
+            answer_tokens=options.answer_tokens or 0,
+            pauses=[pb.ThinkPause(after_token=p.after_token, pause_ms=p.pause_ms)
+                    for p in options.pauses],
+        )
+        return pb.GenerateRequest(
+            request_id=request_id,
+            messages=[pb.ChatMessage(role=m.role, content=m.content) for m in self.messages],
+            max_tokens=self.max_completion_tokens or self.max_tokens or 0,
+            timing=timing,
+        )
+
+
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+class ChunkWriter:
+    """Formats one stream's `chat.completion.chunk` payloads (the `data:` JSON)."""
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self._head = {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._first = True
+
+    def token(self, text: str) -> str:
+        delta: dict[str, str] = {"content": text}
+        if self._first:
+            delta = {"role": "assistant", "content": text}
+            self._first = False
+        return self._dump([{"index": 0, "delta": delta, "finish_reason": None}])
+
+    def finish(self, finish: pb.Finish) -> str:
+        reason = FINISH_REASONS.get(finish.reason, "stop")
+        return self._dump([{"index": 0, "delta": {}, "finish_reason": reason}])
+
+    def usage(self, finish: pb.Finish) -> str:
+        return self._dump([], usage=usage_dict(finish.usage))
+
+    def _dump(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        return json.dumps({**self._head, "choices": choices, **extra}, separators=(",", ":"),
+                          ensure_ascii=False)
+
+
+def usage_dict(usage: pb.Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def completion(request_id: str, model: str, text: str, finish: pb.Finish) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": FINISH_REASONS.get(finish.reason, "stop"),
+        }],
+        "usage": usage_dict(finish.usage),
+    }

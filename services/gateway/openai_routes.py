@@ -1,0 +1,131 @@
+"""`POST /v1/chat/completions`: the engine's stream as OpenAI-compatible SSE.
+
+Who owns what (see ARCHITECTURE.md):
+- The request handler opens the gRPC call and waits until the engine accepts
+  it, so refusals become HTTP statuses before the first byte.
+- sse-starlette's EventSourceResponse then runs three tasks for the stream:
+  the body (our `_events` generator), a heartbeat that sends `: ping`, and a
+  listener for the client's `http.disconnect`. When the client leaves, the
+  listener cancels the task group, `_events` gets CancelledError at its
+  `await` on the gRPC stream, and its `finally` cancels the call: the engine
+  stops at its next decode step. No per-token `is_disconnected()` polling, and
+  a silent prefill notices the disconnect just as fast.
+
+Why sse-starlette rather than FastAPI's native EventSourceResponse: FastAPI's
+keep-alive interval is a private module constant (15 s), and the lab needs it
+per deployment (heartbeat scenarios use sub-second intervals).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from services.gateway.engine_client import EngineClient, EngineStream
+from services.gateway.errors import BadRequest, EngineError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter, completion
+from services.gateway.settings import GatewaySettings
+
+_REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
+
+router = APIRouter()
+
+
+def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
+    header = request.headers.get("x-request-id")
+    if header is not None and not _REQUEST_ID.match(header):
+        raise BadRequest("invalid_request_id",
+                         "X-Request-Id must be 1-128 characters of [A-Za-z0-9_.:-]")
+    if header:
+        return header
+    if body.streamlab and body.streamlab.request_id:
+        return body.streamlab.request_id
+    return uuid.uuid4().hex
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = request.app.state
+    settings: GatewaySettings = state.settings
+    engine: EngineClient = state.engine
+    metrics: GatewayMetrics = state.metrics
+
+    request_id = request_id_for(request, body)
+    try:
+        stream = await engine.open(body.to_engine_request(request_id))
+    except EngineError as exc:
+        metrics.engine_errors.labels(exc.code).inc()
+        raise
+    headers = {"X-Request-Id": stream.request_id}
+    if not body.stream:
+        return JSONResponse(await _collect(stream, settings.model_name), headers=headers)
+
+    def ping() -> ServerSentEvent:
+        metrics.heartbeats.inc()
+        return ServerSentEvent(comment="ping")
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventSourceResponse(
+        _events(stream, ChunkWriter(stream.request_id, settings.model_name), include_usage,
+                metrics),
+        headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        ping=settings.heartbeat_s,
+        ping_message_factory=ping,
+        sep="\n",
+    )
+
+
+async def _events(
+    stream: EngineStream, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics
+) -> AsyncIterator[ServerSentEvent]:
+    outcome = "client_disconnect"  # what it was if we never get past a cancel
+    metrics.streams_active.inc()
+    try:
+        async for response in stream:
+            kind = response.WhichOneof("event")
+            if kind == "token":
+                metrics.tokens.inc()
+                yield ServerSentEvent(data=writer.token(response.token.text))
+            elif kind == "finish":
+                yield ServerSentEvent(data=writer.finish(response.finish))
+                if include_usage:
+                    yield ServerSentEvent(data=writer.usage(response.finish))
+                yield ServerSentEvent(data="[DONE]")
+                outcome = "completed"
+                return
+            elif kind == "error":
+                raise EngineError(502, response.error.code, f"engine: {response.error.message}")
+        # The engine closed the stream OK but never said it finished.
+        raise EngineError(502, "truncated", "engine stream ended without a finish event")
+    except EngineError as exc:
+        # After the first byte the status is sent; the error becomes an event.
+        # Unnamed, with an OpenAI-style body: OpenAI SDKs raise on it. No [DONE]
+        # follows, so no client mistakes the cut for a complete answer.
+        outcome = "engine_error"
+        metrics.engine_errors.labels(exc.code).inc()
+        yield ServerSentEvent(data=json.dumps(exc.body()))
+    finally:
+        stream.cancel()
+        metrics.streams_active.dec()
+        metrics.streams.labels(outcome).inc()
+
+
+async def _collect(stream: EngineStream, model: str) -> dict[str, object]:
+    parts: list[str] = []
+    async with stream:
+        async for response in stream:
+            kind = response.WhichOneof("event")
+            if kind == "token":
+                parts.append(response.token.text)
+            elif kind == "finish":
+                return completion(stream.request_id, model, "".join(parts), response.finish)
+            elif kind == "error":
+                raise EngineError(502, response.error.code, f"engine: {response.error.message}")
+    raise EngineError(502, "truncated", "engine stream ended without a finish event")

@@ -1,0 +1,22 @@
+"""The gateway's settings: one typed object, built in main() and passed down."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_GATEWAY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8090
+    # Where the engine is reached: in the lab, Toxiproxy's "engine" listener.
+    engine_target: str = "127.0.0.1:8473"
+    # Seconds between `: ping` comments on an SSE stream (0 disables them).
+    heartbeat_s: float = Field(15.0, ge=0)
+    # Seconds to wait for the engine to accept a call (its response headers)
+    # before answering 504; covers a black-holed engine hop.
+    engine_accept_timeout_s: float = Field(5.0, gt=0)
+    # Model name reported in responses.
+    model_name: str = "streamlab-fake"

@@ -1,0 +1,160 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+
+class GenerationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GENERATION_STATE_UNSPECIFIED: _ClassVar[GenerationState]
+    GENERATION_STATE_RUNNING: _ClassVar[GenerationState]
+    GENERATION_STATE_COMPLETED: _ClassVar[GenerationState]
+    GENERATION_STATE_CANCELLED: _ClassVar[GenerationState]
+    GENERATION_STATE_FAILED: _ClassVar[GenerationState]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+GENERATION_STATE_UNSPECIFIED: GenerationState
+GENERATION_STATE_RUNNING: GenerationState
+GENERATION_STATE_COMPLETED: GenerationState
+GENERATION_STATE_CANCELLED: GenerationState
+GENERATION_STATE_FAILED: GenerationState
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ThinkPause(_message.Message):
+    __slots__ = ("after_token", "pause_ms")
+    AFTER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    after_token: int
+    pause_ms: int
+    def __init__(self, after_token: _Optional[int] = ..., pause_ms: _Optional[int] = ...) -> None: ...
+
+class FakeModelTiming(_message.Message):
+    __slots__ = ("prefill_ms", "token_gap_ms", "pauses", "answer_tokens")
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_GAP_MS_FIELD_NUMBER: _ClassVar[int]
+    PAUSES_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prefill_ms: int
+    token_gap_ms: int
+    pauses: _containers.RepeatedCompositeFieldContainer[ThinkPause]
+    answer_tokens: int
+    def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    max_tokens: int
+    timing: FakeModelTiming
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("index", "text")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class Finish(_message.Message):
+    __slots__ = ("reason", "usage")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    reason: FinishReason
+    usage: Usage
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("token", "finish", "error")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    token: TokenChunk
+    finish: Finish
+    error: StreamError
+    def __init__(self, token: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class GenerationRecord(_message.Message):
+    __slots__ = ("request_id", "state", "tokens_generated", "tokens_after_cancel", "started_at", "cancelled_at", "ended_at")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_CANCEL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    state: GenerationState
+    tokens_generated: int
+    tokens_after_cancel: int
+    started_at: float
+    cancelled_at: float
+    ended_at: float
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[GenerationState, str]] = ..., tokens_generated: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., started_at: _Optional[float] = ..., cancelled_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_STARTED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_CANCEL_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    tokens_generated: int
+    generations_active: int
+    generations_started: int
+    generations_completed: int
+    generations_cancelled: int
+    generations_failed: int
+    tokens_after_cancel: int
+    generations: _containers.RepeatedCompositeFieldContainer[GenerationRecord]
+    def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,60 @@
+"""Ports and hops of the lab, defined once (in lab.env) and read here.
+
+The local-process lab, the pytest fixtures and compose.yaml all take their
+ports from lab.env, so a port changes in one place. Environment variables of
+the same names override it (the tests do, to run on free ports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAB_ENV = REPO_ROOT / "lab.env"
+
+
+class Ports(BaseSettings):
+    """Where every listener of the lab lives. No defaults here: lab.env has them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMLAB_", env_file=LAB_ENV, extra="ignore", frozen=True
+    )
+
+    host: str
+    edge_port: int
+    nginx_port: int
+    upstream_port: int
+    engine_proxy_port: int
+    toxiproxy_api_port: int
+    gateway_port: int
+    engine_port: int
+
+    def as_env(self) -> dict[str, str]:
+        """The same ports as environment variables, for child processes."""
+        return {f"STREAMLAB_{name.upper()}": str(value)
+                for name, value in self.model_dump().items()}
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One Toxiproxy proxy: a named listener in front of the next service."""
+
+    name: str
+    listen_port: int
+    upstream_port: int
+
+
+def hops(ports: Ports) -> tuple[Hop, Hop, Hop]:
+    """The three faultable hops, client side first."""
+    return (
+        Hop("edge", ports.edge_port, ports.nginx_port),
+        Hop("upstream", ports.upstream_port, ports.gateway_port),
+        Hop("engine", ports.engine_proxy_port, ports.engine_port),
+    )
+
+
+def edge_url(ports: Ports) -> str:
+    return f"http://{ports.host}:{ports.edge_port}"
