@@ -49,6 +49,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Ready when the engine answers its health check through the engine hop."""
+        if await app.state.engine.healthy():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "engine unavailable"}, status_code=503)
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(

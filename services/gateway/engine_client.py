@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.errors import EngineError
 from streamlab.api.engine.v1 import engine_pb2 as pb
@@ -64,6 +65,7 @@ class EngineClient:
     def __init__(self, target: str, accept_timeout_s: float) -> None:
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.EngineServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._accept_timeout_s = accept_timeout_s
 
     async def open(self, request: pb.GenerateRequest) -> EngineStream:
@@ -93,6 +95,15 @@ class EngineClient:
                 raise EngineError.from_status(code, await call.details())
         request_id = dict(metadata or ()).get("x-request-id", request.request_id)
         return EngineStream(call, str(request_id))
+
+    async def healthy(self) -> bool:
+        """The engine's gRPC health, asked through the same hop the streams use."""
+        try:
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=self._accept_timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def stats(self, request_id: str = "") -> pb.GetStatsResponse:
         try:

@@ -1,0 +1,58 @@
+"""Renders proxies/nginx/nginx.conf.template for one lab run."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamlab.topology import REPO_ROOT, Ports
+
+TEMPLATE = REPO_ROOT / "proxies" / "nginx" / "nginx.conf.template"
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@dataclass(frozen=True)
+class NginxOptions:
+    read_timeout_s: float = 60.0  # nginx's own default
+    short_read_timeout_s: float = 2.0  # the seed's stand-in for 60 s
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"nginx template needs a value for {{{{{key}}}}}")
+        return values[key]
+
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+def write_config(ports: Ports, run_dir: Path, options: NginxOptions) -> Path:
+    """Write nginx.conf (and its temp dirs) under run_dir; return the config path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    text = render(TEMPLATE.read_text(), {
+        "run_dir": str(run_dir),
+        "listen_host": ports.host,
+        "listen_port": str(ports.nginx_port),
+        "upstream_host": ports.host,
+        "upstream_port": str(ports.upstream_port),
+        "read_timeout_s": f"{options.read_timeout_s:g}",
+        "short_read_timeout_s": f"{options.short_read_timeout_s:g}",
+    })
+    path = run_dir / "nginx.conf"
+    path.write_text(text)
+    return path
+
+
+def find_nginx() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
+                                      else None)
+    if found is None:
+        raise FileNotFoundError(
+            "nginx is not installed. Run `make up` (installs it), or: "
+            "sudo apt-get install -y nginx-light"
+        )
+    return found

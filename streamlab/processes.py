@@ -1,0 +1,147 @@
+"""Starting, watching and stopping the lab's processes.
+
+Each service runs in its own session (process group), so a Ctrl-C in the
+terminal that ran `streamlab up` does not reach it and `stop()` can signal the
+whole group. Stopping is SIGTERM, a grace period, then SIGKILL, and always a
+reap when the process is our child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class StartError(RuntimeError):
+    pass
+
+
+@dataclass
+class ServiceSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # Returns True once the service answers; may raise while it is starting.
+    ready: Callable[[], bool] = lambda: True
+    ready_timeout_s: float = 20.0
+    cwd: Path | None = None
+
+
+@dataclass
+class Running:
+    spec: ServiceSpec
+    pid: int
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None  # set when we are the parent
+
+
+def start(spec: ServiceSpec, log_dir: Path) -> Running:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{spec.name}.log"
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            spec.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
+            cwd=spec.cwd,
+            start_new_session=True,
+        )
+    return Running(spec, popen.pid, log, popen)
+
+
+def wait_ready(running: Running) -> None:
+    """Poll the service's readiness probe until its deadline; fail fast if it dies."""
+    spec = running.spec
+
+    def died() -> str | None:
+        if alive(running):
+            return None
+        return f"{spec.name} exited during start-up; last lines of {running.log}:\n{tail(running.log)}"
+
+    wait_until(spec.ready, spec.ready_timeout_s, spec.name, died=died,
+               log_hint=lambda: f"last lines of {running.log}:\n{tail(running.log)}")
+
+
+def wait_until(
+    probe: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    died: Callable[[], str | None] = lambda: None,
+    log_hint: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll `probe` every 50 ms until it returns True, or raise StartError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        if (reason := died()) is not None:
+            raise StartError(reason)
+        try:
+            if probe():
+                return
+        except Exception as exc:  # not up yet: connection refused and the like
+            last_error = exc
+        time.sleep(0.05)
+    raise StartError(f"{what} was not ready within {timeout_s:g} s "
+                     f"(last probe error: {last_error!r}); {log_hint()}")
+
+
+def alive(running: Running) -> bool:
+    if running.popen is not None:
+        return running.popen.poll() is None
+    return pid_alive(running.pid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def stop(running: Running, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group, wait up to grace_s, then SIGKILL; reap our children."""
+    _signal_group(running.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and alive(running):
+        time.sleep(0.05)
+    if alive(running):
+        _signal_group(running.pid, signal.SIGKILL)
+    if running.popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            running.popen.wait(timeout=5)
+    else:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and pid_alive(running.pid):
+            time.sleep(0.05)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
