@@ -10,8 +10,8 @@ modules import each other as `streamlab.api.engine.v1...` with no sys.path trick
 from __future__ import annotations
 
 import argparse
-import os
 import filecmp
+import os
 import shutil
 import sys
 import tempfile

@@ -41,7 +41,7 @@ def up(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
             err.print("[yellow]A lab is already up[/] (see `streamlab status`); "
                       "`streamlab down` first.")
             raise typer.Exit(1)
-    lab = Lab(Ports(), LabOptions(run_dir=run_dir))
+    lab = Lab(Ports.load(), LabOptions(run_dir=run_dir))
     try:
         with console.status("starting the lab…"):
             lab.up()

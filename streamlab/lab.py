@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,7 @@ class Lab:
         return lab
 
     def status(self) -> dict[str, dict[str, Any]]:
-        probes = {
+        probes: dict[str, Callable[[], bool]] = {
             "engine": self.engine_healthy,
             "toxiproxy": self._toxiproxy_ready,
             "gateway": lambda: _http_ok(f"{self.gateway_url}/healthz"),

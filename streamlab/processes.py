@@ -64,7 +64,8 @@ def wait_ready(running: Running) -> None:
     def died() -> str | None:
         if alive(running):
             return None
-        return f"{spec.name} exited during start-up; last lines of {running.log}:\n{tail(running.log)}"
+        return (f"{spec.name} exited during start-up; "
+                f"last lines of {running.log}:\n{tail(running.log)}")
 
     wait_until(spec.ready, spec.ready_timeout_s, spec.name, died=died,
                log_hint=lambda: f"last lines of {running.log}:\n{tail(running.log)}")

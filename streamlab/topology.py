@@ -32,6 +32,11 @@ class Ports(BaseSettings):
     gateway_port: int
     engine_port: int
 
+    @classmethod
+    def load(cls) -> Ports:
+        """Ports from lab.env, overridden by STREAMLAB_* environment variables."""
+        return cls()
+
     def as_env(self) -> dict[str, str]:
         """The same ports as environment variables, for child processes."""
         return {f"STREAMLAB_{name.upper()}": str(value)

@@ -76,11 +76,13 @@ async def stream_chat(
                 result.bytes_down = len(raw)
                 result.error = _error_body(raw)
                 return result
-            async for chunk in response.aiter_raw():
+            # Decoded bytes (nginx may gzip the stream); the wire count comes
+            # from httpx's own tally of what it read.
+            async for chunk in response.aiter_bytes():
                 now = time.perf_counter() - start
                 if result.first_byte_s is None:
                     result.first_byte_s = now
-                result.bytes_down += len(chunk)
+                result.bytes_down = response.num_bytes_downloaded
                 for item in decoder.feed(chunk):
                     if isinstance(item, Comment):
                         if item.text.startswith("ping"):
@@ -130,5 +132,6 @@ def _error_body(raw: bytes) -> dict[str, Any]:
     except ValueError:
         return {"message": raw.decode(errors="replace")[:500], "code": "http_error"}
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return parsed["error"]
+        error: dict[str, Any] = parsed["error"]
+        return error
     return {"message": str(parsed)[:500], "code": "http_error"}

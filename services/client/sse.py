@@ -97,9 +97,8 @@ class SSEDecoder:
         elif field == "id":
             if "\0" not in value:
                 self.last_event_id = value
-        elif field == "retry":
-            if value.isascii() and value.isdigit():
-                self._retry = int(value)
+        elif field == "retry" and value.isascii() and value.isdigit():
+            self._retry = int(value)
         return None
 
     def _dispatch(self) -> Event | None:

@@ -50,14 +50,13 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
             f"max_tokens={request.max_tokens} exceeds the limit {settings.max_tokens_limit}"
         )
     defaults = settings.fake
-    timing = request.timing if request.HasField("timing") else None
+    timing = request.timing if request.HasField("timing") else pb.FakeModelTiming()
+    # proto3 zero means "not set": fall back to the engine's defaults.
     fake = FakeTiming(
-        prefill_ms=timing.prefill_ms if timing and timing.prefill_ms else defaults.prefill_ms,
-        token_gap_ms=timing.token_gap_ms if timing and timing.token_gap_ms else defaults.token_gap_ms,
-        answer_tokens=(
-            timing.answer_tokens if timing and timing.answer_tokens else defaults.answer_tokens
-        ),
-        pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in timing.pauses) if timing else (),
+        prefill_ms=timing.prefill_ms or defaults.prefill_ms,
+        token_gap_ms=timing.token_gap_ms or defaults.token_gap_ms,
+        answer_tokens=timing.answer_tokens or defaults.answer_tokens,
+        pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in timing.pauses),
     )
     return GenerationInput(
         request_id=request.request_id or uuid.uuid4().hex,
@@ -74,7 +73,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self._stats = stats
         self._settings = settings
 
-    async def Generate(  # noqa: N802 - gRPC method name
+    async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
@@ -117,7 +116,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         finally:
             self._stats.end(record, state)
 
-    async def GetStats(  # noqa: N802 - gRPC method name
+    async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
         stats = self._stats

@@ -107,9 +107,10 @@ class EngineClient:
 
     async def stats(self, request_id: str = "") -> pb.GetStatsResponse:
         try:
-            return await self._stub.GetStats(
+            response: pb.GetStatsResponse = await self._stub.GetStats(
                 pb.GetStatsRequest(request_id=request_id), timeout=self._accept_timeout_s
             )
+            return response
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
 

@@ -16,9 +16,10 @@ from services.engine.backends.base import FakeTiming, GenerationInput, TokenTrac
 
 # A fixed passage. Two words are multi-byte on purpose: cuts in the middle of a
 # UTF-8 character must not corrupt them, and tests can see if they do.
-WORDS: tuple[str, ...] = tuple(
-    "the quick brown fox jumps over the lazy dog while a naïve café owner "
-    "counts tokens one by one — streaming them as soon as each is ready".split()
+WORDS: tuple[str, ...] = (
+    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a",
+    "naïve", "café", "owner", "counts", "tokens", "one", "by", "one", "—", "streaming",
+    "them", "as", "soon", "as", "each", "is", "ready",
 )
 
 

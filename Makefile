@@ -1,0 +1,47 @@
+# The lab's entry points. `make up` and `make test` install what is missing first.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install up down status test lint typecheck protos check-protos unit integration clean
+
+install:
+	@bash scripts/install.sh
+
+up: install
+	@$(BIN)/streamlab up
+
+down:
+	@if [ -x $(BIN)/streamlab ]; then $(BIN)/streamlab down; fi
+
+status:
+	@$(BIN)/streamlab status
+
+protos:
+	$(BIN)/python scripts/gen_protos.py
+
+check-protos:
+	$(BIN)/python scripts/gen_protos.py --check
+
+lint:
+	$(BIN)/ruff check .
+
+typecheck:
+	$(BIN)/mypy
+
+# Lint, types, fresh generated code, then the whole suite (unit + the real topology,
+# which the tests start on free ports and stop themselves).
+test: install lint typecheck check-protos
+	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): nothing was tested" >&2; rc=0; fi; \
+	exit $$rc
+
+unit: install
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+integration: install
+	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+clean: down
+	rm -rf .run .mypy_cache .ruff_cache .pytest_cache

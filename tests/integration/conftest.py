@@ -1,0 +1,84 @@
+"""Fixtures that bring the real topology up on free ports and always take it down.
+
+Every setting is an overridable fixture (`lab_options`, `lab_ports`), the lab
+waits for readiness with deadlines, and a failed start stops whatever had
+started. Toxics are reset after every test so one test's fault never leaks
+into the next.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from streamlab.lab import Lab, LabOptions
+from streamlab.topology import Ports
+
+pytestmark = pytest.mark.integration
+
+# Short enough that a 3 s think pause sees several pings, long enough that
+# ordinary streams are not mostly pings.
+TEST_HEARTBEAT_S = 0.5
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="session")
+def lab_ports() -> Ports:
+    names = ["edge_port", "nginx_port", "upstream_port", "engine_proxy_port",
+             "toxiproxy_api_port", "gateway_port", "engine_port"]
+    return Ports.model_validate(
+        {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
+
+
+@pytest.fixture(scope="session")
+def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
+    run_dir: Path = tmp_path_factory.mktemp("lab")
+    return LabOptions(
+        run_dir=run_dir,
+        gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
+                     "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3"},
+    )
+
+
+@pytest.fixture(scope="session")
+def lab(lab_ports: Ports, lab_options: LabOptions) -> Iterator[Lab]:
+    lab = Lab(lab_ports, lab_options)
+    lab.up()  # stops what it started if it fails
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture(autouse=True)
+def _reset_toxics(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "lab" in request.fixturenames:
+        lab: Lab = request.getfixturevalue("lab")
+        client = lab.toxiproxy()
+        try:
+            client.reset()
+        finally:
+            client.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    # The read timeout is every test's watchdog: no test can hang on a stream.
+    timeout = httpx.Timeout(10.0, connect=5.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        yield client

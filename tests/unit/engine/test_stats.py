@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from services.engine.stats import EngineStats, State
+
+
+def test_tokens_after_the_cancel_are_counted_as_waste() -> None:
+    stats = EngineStats(history=10)
+    record = stats.begin("r1")
+    record.generated()
+    record.generated()
+    stats.mark_cancel(record)
+    record.generated()  # a decode step that was already under way
+    stats.end(record, State.CANCELLED)
+
+    assert (record.tokens_generated, record.tokens_after_cancel) == (3, 1)
+    assert (stats.tokens_generated, stats.tokens_after_cancel, stats.cancelled) == (3, 1, 1)
+    assert stats.active == 0
+
+
+def test_history_evicts_finished_generations_but_never_running_ones() -> None:
+    stats = EngineStats(history=2)
+    running = stats.begin("running")
+    for i in range(5):
+        stats.end(stats.begin(f"done-{i}"), State.COMPLETED)
+    ids = [r.request_id for r in stats.records()]
+    assert "running" in ids
+    assert len(ids) <= 3
+    assert stats.records("running") == [running]

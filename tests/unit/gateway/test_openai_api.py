@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter
+from streamlab.api.engine.v1 import engine_pb2 as pb
+
+
+def test_streamlab_extra_body_shapes_the_engine_request() -> None:
+    body = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.2,  # OpenAI fields the fake model ignores are accepted
+        "max_tokens": 7,
+        "streamlab": {"prefill_ms": 10, "token_gap_ms": 5,
+                      "pauses": [{"after_token": 2, "pause_ms": 100}]},
+    })
+    request = body.to_engine_request("rid")
+    assert request.request_id == "rid"
+    assert request.max_tokens == 7
+    assert (request.timing.prefill_ms, request.timing.token_gap_ms) == (10, 5)
+    assert [(p.after_token, p.pause_ms) for p in request.timing.pauses] == [(2, 100)]
+
+
+@pytest.mark.parametrize("streamlab", [{"prefill_ms": -1}, {"pauses": [{"after_token": 1}]},
+                                       {"unknown": 1}, {"request_id": "has space"}])
+def test_bad_streamlab_options_are_rejected(streamlab: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], "streamlab": streamlab})
+
+
+def test_chunks_are_openai_chat_completion_chunks() -> None:
+    writer = ChunkWriter("rid", "m")
+    first, second = json.loads(writer.token("a")), json.loads(writer.token("b"))
+    assert first["object"] == "chat.completion.chunk"
+    assert first["id"] == "chatcmpl-rid"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+    assert second["choices"][0]["delta"] == {"content": "b"}
+    end = json.loads(writer.finish(pb.Finish(reason=pb.FINISH_REASON_LENGTH)))
+    assert end["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length"}
