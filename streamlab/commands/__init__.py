@@ -1,0 +1,1 @@
+"""The `streamlab` sub-commands, one module per family (lab, toxic, scenario, bench…)."""

@@ -1,0 +1,125 @@
+"""Lab commands: bring the lab up, look at it, talk to it, take it down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.client.openai_stream import chat_body, stream_chat
+from streamlab.lab import Lab, LabOptions
+from streamlab.processes import StartError
+from streamlab.topology import REPO_ROOT, Ports
+
+app = typer.Typer()
+console = Console()
+err = Console(stderr=True)
+
+RunDir = Annotated[Path, typer.Option(help="Where logs, pids and rendered configs live.")]
+DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+
+
+def attached(run_dir: Path) -> Lab:
+    """The lab `streamlab up` started from run_dir, or a clear exit if there is none."""
+    if not (run_dir / "state.json").exists():
+        err.print(f"[red]No lab is running from {run_dir}.[/] Start one with `streamlab up`.")
+        raise typer.Exit(1)
+    return Lab.attach(run_dir)
+
+
+@app.command()
+def up(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+    """Start engine, Toxiproxy, gateway and nginx (detached) and print their URLs."""
+    if (run_dir / "state.json").exists():
+        lab = Lab.attach(run_dir)
+        if any(s["running"] for s in lab.status().values()):
+            err.print("[yellow]A lab is already up[/] (see `streamlab status`); "
+                      "`streamlab down` first.")
+            raise typer.Exit(1)
+    lab = Lab(Ports.load(), LabOptions(run_dir=run_dir))
+    try:
+        with console.status("starting the lab…"):
+            lab.up()
+    except (StartError, FileNotFoundError) as exc:
+        err.print(f"[red]streamlab up failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    _print_status(lab)
+    console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
+                  "/v1/chat/completions -H 'content-type: application/json' "
+                  "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
+    console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
+
+
+@app.command()
+def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+    """Stop every service of the lab (SIGTERM, grace, SIGKILL)."""
+    if not (run_dir / "state.json").exists():
+        console.print("No lab is running.")
+        return
+    lab = Lab.attach(run_dir)
+    with console.status("stopping the lab…"):
+        lab.down()
+    console.print("Lab stopped.")
+
+
+@app.command()
+def status(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Each service, its address and whether it answers."""
+    lab = attached(run_dir)
+    if as_json:
+        print(json.dumps(lab.status(), indent=2))
+        return
+    _print_status(lab)
+
+
+def _print_status(lab: Lab) -> None:
+    table = Table("service", "address", "pid", "health")
+    for name, entry in lab.status().items():
+        health = "[green]healthy[/]" if entry["healthy"] else "[red]down[/]"
+        table.add_row(name, entry["url"], str(entry["pid"] or "-"), health)
+    console.print(table)
+
+
+@app.command()
+def chat(
+    prompt: str,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    path: Annotated[str, typer.Option(help="nginx location, e.g. /buffered/")] = "/",
+    prefill_ms: Annotated[int | None, typer.Option(help="Fake model prefill delay.")] = None,
+    gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
+    tokens: Annotated[int | None, typer.Option(help="How many tokens to generate.")] = None,
+    timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
+) -> None:
+    """Stream a reply through the edge, printing tokens as they arrive."""
+    lab = attached(run_dir)
+    url = f"{lab.edge_url}{path.rstrip('/')}/v1/chat/completions"
+    body = chat_body(prompt, prefill_ms=prefill_ms, token_gap_ms=gap_ms, answer_tokens=tokens)
+
+    async def run() -> None:
+        timeout = httpx.Timeout(timeout_s, connect=5.0)
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            result = await stream_chat(
+                client, url, body, on_token=lambda t: console.print(t, end="", soft_wrap=True))
+        console.print()
+        if result.error:
+            err.print(f"[red]error:[/] {result.error.get('message')} (HTTP {result.status})")
+        ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "-"
+        console.print(f"[dim]TTFT {ttft} · total {result.total_s * 1000:.0f} ms · "
+                      f"{len(result.texts)} tokens · request {result.request_id}[/]")
+        if result.error:
+            raise typer.Exit(1)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        err.print("\n[yellow]interrupted[/]: the connection is closed, the engine cancels.")
+        raise typer.Exit(130) from None
