@@ -14,3 +14,7 @@ app.registered_commands.extend(lab.app.registered_commands)
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,7 @@ class StreamResult:
     error: dict[str, Any] | None = None
     bytes_down: int = 0
     closed_early: bool = False  # we stopped reading on purpose (stop_after_tokens)
+    left_at: float | None = None  # time.monotonic() when we decided to close
 
     @property
     def text(self) -> str:
@@ -94,6 +95,7 @@ async def stream_chat(
                     _apply(result, json.loads(item.data), now, on_token)
                 if stop_after_tokens is not None and len(result.texts) >= stop_after_tokens:
                     result.closed_early = True
+                    result.left_at = time.monotonic()
                     return result  # leaving the block closes the connection
     except httpx.TimeoutException as exc:
         result.error = {"message": f"client timed out: {type(exc).__name__}", "code": "timeout"}

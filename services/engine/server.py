@@ -29,14 +29,18 @@ log = logging.getLogger("streamlab.engine")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EngineService"].full_name
 
-# Keepalive must agree with the gateway's channel options: the gateway pings
-# every 10 s; a server that allows pings less often answers GOAWAY
-# "too_many_pings" and the gateway's calls fail.
+# Keepalive must agree with the gateway's channel options: a server that
+# allows pings less often than the client sends them answers GOAWAY
+# "too_many_pings" and the gateway's calls fail. The gateway's interval is
+# configurable down to 1 s (tests use that), so accept pings that often and
+# never count strikes.
 SERVER_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
     ("grpc.http2.max_pings_without_data", 0),
 ]
 

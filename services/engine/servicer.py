@@ -2,7 +2,8 @@
 
 Cancellation: when the gateway cancels the call (its client left), grpc.aio
 cancels this handler's task, so CancelledError surfaces at the backend's next
-await (its next decode step). We record the cancel, let `finally` close the
+await (its next decode step), or closes the generator (GeneratorExit) if it
+is parked at a `yield`. We record the cancel, let `finally` close the
 generation, and re-raise: swallowing it would leave grpc thinking the handler
 is still running. A done-callback marks the cancel too, for backends whose
 decode loop lives in a thread and notices later than the event loop does.
@@ -105,7 +106,10 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     ),
                 )
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # CancelledError when the cancel lands in an await (a decode step);
+            # GeneratorExit when grpc closes this generator while it is parked
+            # at a `yield`. Both mean the caller is gone.
             self._stats.mark_cancel(record)
             state = State.CANCELLED
             raise

@@ -20,7 +20,7 @@ from services.gateway.settings import GatewaySettings
 def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.engine = EngineClient(settings.engine_target, settings.engine_accept_timeout_s)
+        app.state.engine = EngineClient(settings)
         try:
             yield
         finally:
@@ -29,6 +29,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="streamlab gateway", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = GatewayMetrics()
+    # Tasks that outlive their request (only the detached relay makes them).
+    app.state.background_tasks = set()
     app.include_router(openai_router)
 
     @app.exception_handler(GatewayError)

@@ -15,21 +15,25 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.errors import EngineError
+from services.gateway.settings import GatewaySettings
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
 
-# Keepalive agrees with the engine's server options (services/engine/server.py):
-# pings every 10 s find a black-holed hop in ~15 s even with no call running.
-# Short reconnect backoff: a restarted engine is usable again within a second.
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-]
+
+def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
+    """Keepalive pings find a black-holed hop (engine_keepalive_s +
+    engine_keepalive_timeout_s) even mid-think-pause; the engine's server options
+    (services/engine/server.py) accept pings this often without "too_many_pings".
+    A short reconnect backoff makes a restarted engine usable within a second."""
+    return [
+        ("grpc.keepalive_time_ms", int(settings.engine_keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.engine_keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
+    ]
 
 
 class EngineStream:
@@ -62,11 +66,12 @@ class EngineStream:
 
 
 class EngineClient:
-    def __init__(self, target: str, accept_timeout_s: float) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._channel = grpc.aio.insecure_channel(settings.engine_target,
+                                                  options=channel_options(settings))
         self._stub = pb_grpc.EngineServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._accept_timeout_s = accept_timeout_s
+        self._accept_timeout_s = settings.engine_accept_timeout_s
 
     async def open(self, request: pb.GenerateRequest) -> EngineStream:
         """Start a generation and wait until the engine has accepted it.

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.gateway.relay import RelayMode
 from streamlab.api.engine.v1 import engine_pb2 as pb
 
 MAX_DELAY_MS = 600_000  # ten minutes: past that a "pause" is a hang, not a lab setting
@@ -35,6 +36,9 @@ class StreamlabOptions(BaseModel):
     answer_tokens: int | None = Field(None, ge=1, le=100_000)
     pauses: list[Pause] = Field(default_factory=list, max_length=1000)
     request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\w.:-]+$")
+    # How the gateway relays this stream (services/gateway/relay.py); the
+    # detached mode is the seed's anti-pattern, for broken-vs-fixed contrasts.
+    relay: RelayMode = "direct"
 
 
 class Message(BaseModel):

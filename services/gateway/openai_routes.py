@@ -31,6 +31,7 @@ from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter, completion
+from services.gateway.relay import Relay, open_relay
 from services.gateway.settings import GatewaySettings
 
 _REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
@@ -72,23 +73,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return ServerSentEvent(comment="ping")
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    relay_mode = body.streamlab.relay if body.streamlab else "direct"
+    relay = open_relay(relay_mode, stream, state.background_tasks)
     return EventSourceResponse(
-        _events(stream, ChunkWriter(stream.request_id, settings.model_name), include_usage,
+        _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
                 metrics),
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         ping=settings.heartbeat_s,
         ping_message_factory=ping,
         sep="\n",
+        # A client that accepts no bytes for this long is cut, and its
+        # generation cancelled, instead of pinning an engine slot forever.
+        send_timeout=settings.send_timeout_s,
     )
 
 
 async def _events(
-    stream: EngineStream, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics
+    relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics
 ) -> AsyncIterator[ServerSentEvent]:
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
     try:
-        async for response in stream:
+        async for response in relay.responses:
             kind = response.WhichOneof("event")
             if kind == "token":
                 metrics.tokens.inc()
@@ -112,7 +118,7 @@ async def _events(
         metrics.engine_errors.labels(exc.code).inc()
         yield ServerSentEvent(data=json.dumps(exc.body()))
     finally:
-        stream.cancel()
+        relay.close()
         metrics.streams_active.dec()
         metrics.streams.labels(outcome).inc()
 

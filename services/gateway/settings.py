@@ -18,5 +18,12 @@ class GatewaySettings(BaseSettings):
     # Seconds to wait for the engine to accept a call (its response headers)
     # before answering 504; covers a black-holed engine hop.
     engine_accept_timeout_s: float = Field(5.0, gt=0)
+    # A client that accepts no bytes for this long (its TCP window stays shut)
+    # is cut and its generation cancelled. None waits forever (the broken case).
+    send_timeout_s: float | None = Field(30.0, gt=0)
+    # HTTP/2 keepalive on the engine hop: how a silent, black-holed hop is found
+    # even in the middle of a long think pause (ping every N s, dead after M s).
+    engine_keepalive_s: float = Field(10.0, gt=0)
+    engine_keepalive_timeout_s: float = Field(5.0, gt=0)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"

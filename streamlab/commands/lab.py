@@ -98,6 +98,7 @@ def chat(
     gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
     tokens: Annotated[int | None, typer.Option(help="How many tokens to generate.")] = None,
     timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
+    request_id: Annotated[str | None, typer.Option(help="X-Request-Id to send.")] = None,
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
@@ -108,7 +109,8 @@ def chat(
         timeout = httpx.Timeout(timeout_s, connect=5.0)
         async with httpx.AsyncClient(timeout=timeout) as client:
             result = await stream_chat(
-                client, url, body, on_token=lambda t: console.print(t, end="", soft_wrap=True))
+                client, url, body, headers={"X-Request-Id": request_id} if request_id else None,
+                on_token=lambda t: console.print(t, end="", soft_wrap=True))
         console.print()
         if result.error:
             err.print(f"[red]error:[/] {result.error.get('message')} (HTTP {result.status})")

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.integration
 # Short enough that a 3 s think pause sees several pings, long enough that
 # ordinary streams are not mostly pings.
 TEST_HEARTBEAT_S = 0.5
+# A reader that accepts nothing for this long is cut (tests/integration/test_backpressure.py).
+TEST_SEND_TIMEOUT_S = 3.0
 
 
 def free_ports(count: int) -> list[int]:
@@ -50,7 +52,10 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     return LabOptions(
         run_dir=run_dir,
         gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
-                     "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3"},
+                     "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
+                     "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
+                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
+                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
     )
 
 

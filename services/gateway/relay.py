@@ -1,0 +1,70 @@
+"""How engine responses travel from the gRPC call to the SSE writer.
+
+`direct` (the default, and the right way): the SSE body iterates the call
+itself. A slow client makes the body's `send` wait, so it stops reading the
+call, and gRPC's flow control stops the engine's writes: memory stays bounded.
+A client that leaves cancels the body, whose `close()` cancels the call.
+
+`detached_unbounded` (the seed's anti-pattern, kept for contrast): a background
+task drains the call into an unbounded queue that nobody bounds and nobody
+cancels. A slow client grows the queue without limit; a client that leaves
+does not stop the engine, which writes the whole answer for nobody. Select it
+per request with `"streamlab": {"relay": "detached_unbounded"}` to see both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from services.gateway.engine_client import EngineStream
+from streamlab.api.engine.v1 import engine_pb2 as pb
+
+RelayMode = Literal["direct", "detached_unbounded"]
+
+
+class Relay:
+    def __init__(self, responses: AsyncIterator[pb.GenerateResponse], stream: EngineStream,
+                 cancel_on_close: bool) -> None:
+        self.responses = responses
+        self._stream = stream
+        self._cancel_on_close = cancel_on_close
+
+    def close(self) -> None:
+        """Called on every exit path of the response (synchronous: it may run
+        inside a cancelled task)."""
+        if self._cancel_on_close:
+            self._stream.cancel()
+
+
+def direct(stream: EngineStream) -> Relay:
+    return Relay(aiter(stream), stream, cancel_on_close=True)
+
+
+def detached_unbounded(stream: EngineStream, background: set[asyncio.Task[None]]) -> Relay:
+    queue: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()  # unbounded: the bug
+
+    async def drain() -> None:
+        with contextlib.suppress(Exception):
+            async for response in stream:
+                queue.put_nowait(response)
+        queue.put_nowait(None)
+
+    task = asyncio.create_task(drain())
+    background.add(task)  # keep a reference, or the loop may drop the task
+    task.add_done_callback(background.discard)
+
+    async def responses() -> AsyncIterator[pb.GenerateResponse]:
+        while (response := await queue.get()) is not None:
+            yield response
+
+    return Relay(responses(), stream, cancel_on_close=False)
+
+
+def open_relay(mode: RelayMode, stream: EngineStream,
+               background: set[asyncio.Task[None]]) -> Relay:
+    if mode == "detached_unbounded":
+        return detached_unbounded(stream, background)
+    return direct(stream)
