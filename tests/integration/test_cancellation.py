@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -33,7 +34,7 @@ def completions(lab: Lab, location: str = "/") -> str:
     return f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
 
 
-def body(**extra: object) -> dict[str, object]:
+def body(**extra: Any) -> dict[str, Any]:
     return chat_body("write an essay", prefill_ms=50, token_gap_ms=GAP_MS, answer_tokens=ANSWER,
                      **extra)
 
