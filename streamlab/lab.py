@@ -171,6 +171,10 @@ class Lab:
             processes.stop(running, grace_s)
         self.save_state()
 
+    def kill_service(self, name: str) -> None:
+        """SIGKILL, no grace: a crash, for fault tests."""
+        self.stop_service(name, grace_s=0.0)
+
     def down(self, grace_s: float = 10.0) -> None:
         for name in reversed(ORDER):
             running = self.running.pop(name, None)

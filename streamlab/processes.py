@@ -115,8 +115,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def stop(running: Running, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, wait up to grace_s, then SIGKILL; reap our children."""
-    _signal_group(running.pid, signal.SIGTERM)
+    """SIGTERM the process group, wait up to grace_s, then SIGKILL; reap our children.
+    A grace of 0 sends SIGKILL straight away (a crash)."""
+    _signal_group(running.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and alive(running):
         time.sleep(0.05)

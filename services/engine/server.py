@@ -34,15 +34,17 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EngineService"].full_name
 # "too_many_pings" and the gateway's calls fail. The gateway's interval is
 # configurable down to 1 s (tests use that), so accept pings that often and
 # never count strikes.
-SERVER_OPTIONS = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+def server_options(settings: EngineSettings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.keepalive_time_ms", int(settings.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def make_backend(settings: EngineSettings) -> Backend:
@@ -63,7 +65,7 @@ class Engine:
 
 
 async def create_server(settings: EngineSettings, backend: Backend | None = None) -> Engine:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_options(settings))
     stats = EngineStats(settings.stats_history)
     servicer = EngineServicer(backend or make_backend(settings), stats, settings)
     pb_grpc.add_EngineServiceServicer_to_server(servicer, server)

@@ -28,6 +28,10 @@ class EngineSettings(BaseSettings):
     max_tokens_limit: int = Field(4096, ge=1)
     # How many finished generations GetStats remembers.
     stats_history: int = Field(2048, ge=1)
+    # HTTP/2 keepalive from the engine's side: finds a dead gateway connection
+    # (e.g. a black-holed hop) and cancels its calls, so nothing generates on.
+    keepalive_s: float = Field(20.0, gt=0)
+    keepalive_timeout_s: float = Field(5.0, gt=0)
     # Seconds live calls get to finish on SIGTERM before they are cancelled.
     shutdown_grace_s: float = Field(5.0, ge=0)
     fake: FakeModelDefaults = Field(default_factory=FakeModelDefaults)

@@ -28,6 +28,9 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
     return [
         ("grpc.keepalive_time_ms", int(settings.engine_keepalive_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(settings.engine_keepalive_timeout_s * 1000)),
+        # Recent gRPC cores time out a ping's ack with this (default 60 s), not
+        # with the keepalive timeout alone: set both or a black hole takes a minute.
+        ("grpc.http2.ping_timeout_ms", int(settings.engine_keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),

@@ -51,6 +51,8 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     run_dir: Path = tmp_path_factory.mktemp("lab")
     return LabOptions(
         run_dir=run_dir,
+        engine_env={"STREAMLAB_ENGINE_KEEPALIVE_S": "2",
+                    "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
         gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
                      "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
                      "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),

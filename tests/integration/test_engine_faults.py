@@ -1,0 +1,109 @@
+"""Faults on the gRPC hop, mid-stream: the client always gets an error event and
+an ended stream (no hang, no truncation that looks like success), and the
+engine is left generating for nobody."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+import httpx
+import pytest
+
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.lab import Lab
+from streamlab.toxiproxy import Toxic
+from tests.integration.engine_probe import wait_for_generation_end
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+def toxic(kind: str, **attributes: int) -> Callable[[Lab], None]:
+    def inject(lab: Lab) -> None:
+        client = lab.toxiproxy()
+        try:
+            client.add_toxic("engine", Toxic(kind, dict(attributes)))
+        finally:
+            client.close()
+    return inject
+
+
+def disable_engine_proxy(lab: Lab) -> None:
+    client = lab.toxiproxy()
+    try:
+        client.set_enabled("engine", False)
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    inject: Callable[[Lab], None]
+    # Upper bound on the time from the fault to the client's error event.
+    detect_within_s: float = 3.0
+    engine_survives: bool = True
+
+
+FAULTS = [
+    Fault("reset-peer", toxic("reset_peer", timeout=0)),
+    Fault("limit-data", toxic("limit_data", bytes=1)),
+    Fault("proxy-disabled", disable_engine_proxy),
+    # Silence, no FIN or RST: found by the gateway's keepalive (1 s + 1 s in tests).
+    Fault("black-hole", toxic("timeout", timeout=0), detect_within_s=6.0),
+    Fault("engine-killed", lambda lab: lab.kill_service("engine"), engine_survives=False),
+]
+
+
+async def stream_until_fault(lab: Lab, http: httpx.AsyncClient, fault: Fault,
+                             request_id: str) -> tuple[StreamResult, float]:
+    third = anyio.Event()
+    result: list[StreamResult] = []
+    body = chat_body("long answer", prefill_ms=20, token_gap_ms=30, answer_tokens=400)
+
+    def on_token(_: str) -> None:
+        if not third.is_set():
+            third.set()
+
+    async def run() -> None:
+        result.append(await stream_chat(
+            http, f"{lab.edge_url}/v1/chat/completions", body,
+            headers={"X-Request-Id": request_id}, on_token=on_token))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(run)
+        with anyio.fail_after(5):
+            await third.wait()
+        await anyio.to_thread.run_sync(fault.inject, lab)
+        injected_at = time.monotonic()
+    return result[0], time.monotonic() - injected_at
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+async def test_engine_hop_fault_ends_the_stream_with_an_error_event(
+    lab: Lab, http: httpx.AsyncClient, fault: Fault
+) -> None:
+    request_id = f"fault-{fault.name}-{uuid.uuid4().hex[:6]}"
+    try:
+        result, took = await stream_until_fault(lab, http, fault, request_id)
+    finally:
+        if not fault.engine_survives:
+            await anyio.to_thread.run_sync(lab.start_service, "engine")
+
+    print(f"{fault.name}: error event {took * 1000:.0f} ms after the fault: {result.error}")
+    assert result.status == 200  # the fault came after the first byte...
+    assert not result.done  # ...so no [DONE]: nobody may take the cut for a whole answer
+    assert result.error is not None
+    assert result.error.get("type") == "engine_error", result.error
+    assert 1 <= len(result.texts) < 400
+    assert took < fault.detect_within_s
+
+    if fault.engine_survives:
+        # The engine's side of the call ends too (its own keepalive covers the
+        # black hole), so nothing generates on for a client that got an error.
+        record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, request_id, 8.0)
+        assert record.state == pb.GENERATION_STATE_CANCELLED
