@@ -52,13 +52,18 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         )
     defaults = settings.fake
     timing = request.timing if request.HasField("timing") else pb.FakeModelTiming()
-    # proto3 zero means "not set": fall back to the engine's defaults.
     fake = FakeTiming(
-        prefill_ms=timing.prefill_ms or defaults.prefill_ms,
-        token_gap_ms=timing.token_gap_ms or defaults.token_gap_ms,
-        answer_tokens=timing.answer_tokens or defaults.answer_tokens,
+        prefill_ms=timing.prefill_ms if timing.HasField("prefill_ms") else defaults.prefill_ms,
+        token_gap_ms=(
+            timing.token_gap_ms if timing.HasField("token_gap_ms") else defaults.token_gap_ms
+        ),
+        answer_tokens=(
+            timing.answer_tokens if timing.HasField("answer_tokens") else defaults.answer_tokens
+        ),
         pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in timing.pauses),
     )
+    if fake.answer_tokens == 0:
+        raise InvalidRequest("timing.answer_tokens must be at least 1")
     return GenerationInput(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt=request.prompt,

@@ -33,6 +33,10 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
         ("grpc.http2.ping_timeout_ms", int(settings.engine_keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # Bounded read-ahead: a slow client stops the engine after this many
+        # bytes instead of letting a BDP-grown window absorb megabytes of tokens.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", settings.engine_read_ahead_bytes),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1_000),

@@ -64,9 +64,9 @@ class ChatCompletionRequest(BaseModel):
     def to_engine_request(self, request_id: str) -> pb.GenerateRequest:
         options = self.streamlab or StreamlabOptions()
         timing = pb.FakeModelTiming(
-            prefill_ms=options.prefill_ms or 0,
-            token_gap_ms=options.token_gap_ms or 0,
-            answer_tokens=options.answer_tokens or 0,
+            prefill_ms=options.prefill_ms,
+            token_gap_ms=options.token_gap_ms,
+            answer_tokens=options.answer_tokens,
             pauses=[pb.ThinkPause(after_token=p.after_token, pause_ms=p.pause_ms)
                     for p in options.pauses],
         )

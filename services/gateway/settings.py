@@ -25,5 +25,9 @@ class GatewaySettings(BaseSettings):
     # even in the middle of a long think pause (ping every N s, dead after M s).
     engine_keepalive_s: float = Field(10.0, gt=0)
     engine_keepalive_timeout_s: float = Field(5.0, gt=0)
+    # How far the engine may run ahead of a client that stopped reading, per
+    # stream (the gRPC flow-control window the gateway offers; BDP probing off
+    # so it never grows). A token is ~30 bytes on this hop: 16 KiB ≈ 550 tokens.
+    engine_read_ahead_bytes: int = Field(16_384, ge=1024)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"

@@ -52,6 +52,8 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     return LabOptions(
         run_dir=run_dir,
         engine_env={"STREAMLAB_ENGINE_KEEPALIVE_S": "2",
+                    # Slow-reader tests need answers longer than every buffer on the way.
+                    "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
                     "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
         gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
                      "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",

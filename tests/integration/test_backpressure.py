@@ -1,0 +1,100 @@
+"""Slow readers: flow control pauses the engine, the send timeout frees it, and
+the gateway's memory stays bounded; the detached relay shows the opposite."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psutil
+import pytest
+
+from services.client.openai_stream import chat_body
+from services.client.silent import open_silent_reader
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.lab import Lab
+from tests.integration.conftest import TEST_SEND_TIMEOUT_S
+
+pytestmark = pytest.mark.integration
+
+
+def flood(answer: int, relay: str = "direct") -> dict[str, object]:
+    """As fast as the engine can go: the kernel's send buffers (several MiB,
+    autotuned) fill in a second or two instead of a minute."""
+    return chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=answer,
+                     max_tokens=answer, relay=relay)
+
+
+def test_stopped_reader_pauses_the_engine_then_the_send_timeout_cancels_it(lab: Lab) -> None:
+    rid = f"silent-{uuid.uuid4().hex[:8]}"
+    answer = 100_000
+    # Straight at the gateway: through the whole chain the same proof needs tens
+    # of MiB (every hop's autotuned kernel buffers, nginx, Toxiproxy) before the
+    # engine feels it; see README "Backpressure, measured".
+    sock = open_silent_reader(lab.ports.host, lab.ports.gateway_port, "/v1/chat/completions",
+                              flood(answer),
+                              headers={"X-Request-Id": rid})
+    samples: list[tuple[float, int]] = []
+    try:
+        deadline = time.monotonic() + 60
+        record = None
+        while time.monotonic() < deadline:
+            records = lab.engine_stats(rid).generations
+            if records:
+                record = records[0]
+                samples.append((time.monotonic(), record.tokens_generated))
+                if record.state != pb.GENERATION_STATE_RUNNING:
+                    break
+            time.sleep(0.1)
+    finally:
+        sock.close()
+    assert record is not None
+    assert record.state == pb.GENERATION_STATE_CANCELLED, record
+    assert record.tokens_generated < answer
+    # Before the cancel, generation stood still: flow control paused the engine
+    # for (about) the send timeout, rather than the tokens piling up somewhere.
+    last = samples[-1][1]
+    stalled_since = min(t for t, n in samples if n == last)
+    stalled_for = samples[-1][0] - stalled_since
+    print(f"paused at {last} tokens for {stalled_for:.1f} s, then cancelled")
+    assert stalled_for >= TEST_SEND_TIMEOUT_S * 0.5
+
+
+def _peak_rss_growth(lab: Lab, relay: str, clients: int, answer: int) -> tuple[float, int]:
+    gateway = psutil.Process(lab.running["gateway"].pid)
+    base = gateway.memory_info().rss
+    peak = base
+    ids = [f"rss-{relay}-{i}-{uuid.uuid4().hex[:6]}" for i in range(clients)]
+    socks = [open_silent_reader(lab.ports.host, lab.ports.gateway_port, "/v1/chat/completions",
+                                flood(answer, relay),
+                                headers={"X-Request-Id": rid}) for rid in ids]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            peak = max(peak, gateway.memory_info().rss)
+            records = [r for rid in ids for r in lab.engine_stats(rid).generations]
+            if len(records) == clients and all(
+                    r.state != pb.GENERATION_STATE_RUNNING for r in records):
+                break
+            time.sleep(0.2)
+        generated = sum(r.tokens_generated for rid in ids
+                        for r in lab.engine_stats(rid).generations)
+    finally:
+        for sock in socks:
+            sock.close()
+    return (peak - base) / 2**20, generated
+
+
+def test_silent_readers_keep_gateway_memory_bounded_unlike_the_detached_relay(lab: Lab) -> None:
+    clients, answer = 20, 8000
+    direct_mb, direct_tokens = _peak_rss_growth(lab, "direct", clients, answer)
+    detached_mb, detached_tokens = _peak_rss_growth(lab, "detached_unbounded", clients, answer)
+    print(f"{clients} silent readers: direct relay +{direct_mb:.1f} MiB RSS "
+          f"({direct_tokens} tokens generated); detached relay +{detached_mb:.1f} MiB "
+          f"({detached_tokens} tokens generated)")
+    # Direct: every engine stopped early (paused, then cut by the send timeout).
+    assert direct_tokens < clients * answer // 2
+    assert direct_mb < 25
+    # Detached: every answer generated in full and held in memory for nobody.
+    assert detached_tokens == clients * answer
+    assert detached_mb > direct_mb
