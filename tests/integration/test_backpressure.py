@@ -6,13 +6,15 @@ from __future__ import annotations
 import time
 import uuid
 
+import httpx
 import psutil
 import pytest
 
-from services.client.openai_stream import chat_body
+from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
+from streamlab.toxiproxy import Toxic
 from tests.integration.conftest import TEST_SEND_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
@@ -98,3 +100,26 @@ def test_silent_readers_keep_gateway_memory_bounded_unlike_the_detached_relay(la
     # Detached: every answer generated in full and held in memory for nobody.
     assert detached_tokens == clients * answer
     assert detached_mb > direct_mb
+
+
+@pytest.mark.anyio
+async def test_reader_throttled_by_a_bandwidth_toxic_still_gets_every_token_in_order(
+    lab: Lab,
+) -> None:
+    body = chat_body("hello", prefill_ms=10, token_gap_ms=2, answer_tokens=150)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+        url = f"{lab.gateway_url}/v1/chat/completions"
+        reference = await stream_chat(http, url, body)
+        client = lab.toxiproxy()
+        try:
+            # 8 KB/s to the client: ~35 KB of events take ~4 s instead of 0.3 s.
+            client.add_toxic("edge", Toxic("bandwidth", {"rate": 8}))
+        finally:
+            client.close()
+        throttled = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions", body,
+                                      headers={"Accept-Encoding": "identity"})
+    assert reference.done
+    assert throttled.done
+    assert throttled.error is None
+    assert throttled.texts == reference.texts
+    assert throttled.total_s > 3 * reference.total_s
