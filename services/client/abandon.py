@@ -1,0 +1,95 @@
+"""Load generator for abandoned streams: open many, leave each after a few
+tokens, then ask the engine when it saw each cancel and what it wasted.
+
+Cancel latency is `engine cancelled_at - client left_at`, both CLOCK_MONOTONIC
+on one machine. Wasted tokens are the engine's `tokens_after_cancel` (decode
+steps run after the cancel reached it) plus tokens generated after the client
+left but before the cancel arrived (the relay's lag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from services.client.openai_stream import chat_body, stream_chat
+from streamlab.api.engine.v1 import engine_pb2 as pb
+
+
+@dataclass
+class AbandonReport:
+    streams: int
+    cancelled: int
+    still_running: int
+    latencies_ms: list[float] = field(default_factory=list)
+    tokens_after_cancel: int = 0
+    tokens_after_leaving: int = 0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+
+
+async def abandon_streams(
+    url: str,
+    stats: Callable[[str], pb.GetStatsResponse],
+    streams: int = 200,
+    concurrency: int = 20,
+    gap_ms: int = 20,
+    seed: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> AbandonReport:
+    rng = random.Random(seed)
+    plan = [(f"abandon-{uuid.uuid4().hex[:10]}", rng.randint(1, 8)) for _ in range(streams)]
+    left: dict[str, tuple[float, int]] = {}
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(http: httpx.AsyncClient, rid: str, after: int) -> None:
+        async with limit:
+            body = chat_body("abandon me", prefill_ms=20, token_gap_ms=gap_ms,
+                             answer_tokens=after + 200)
+            result = await stream_chat(http, url, body, headers={"X-Request-Id": rid},
+                                       stop_after_tokens=after)
+            if result.left_at is not None:
+                left[rid] = (result.left_at, len(result.texts))
+            if progress is not None:
+                progress()
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0),
+                                 limits=httpx.Limits(max_connections=concurrency)) as http:
+        await asyncio.gather(*(one(http, rid, after) for rid, after in plan))
+
+    report = AbandonReport(streams=streams, cancelled=0, still_running=0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    for rid, (left_at, _) in left.items():
+        while True:
+            records = (await asyncio.to_thread(stats, rid)).generations
+            record = records[0] if records else None
+            if record is None or record.state != pb.GENERATION_STATE_RUNNING \
+                    or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        if record is None:
+            continue
+        if record.state == pb.GENERATION_STATE_RUNNING:
+            report.still_running += 1
+            continue
+        if record.state == pb.GENERATION_STATE_CANCELLED:
+            report.cancelled += 1
+            report.latencies_ms.append((record.cancelled_at - left_at) * 1000)
+        report.tokens_after_cancel += record.tokens_after_cancel
+        report.tokens_after_leaving += max(0, record.tokens_generated - left[rid][1])
+    return report
