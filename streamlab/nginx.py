@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ def write_config(ports: Ports, run_dir: Path, options: NginxOptions) -> Path:
     (run_dir / "tmp").mkdir(exist_ok=True)
     text = render(TEMPLATE.read_text(), {
         "run_dir": str(run_dir),
+        # As root, nginx's workers drop to `nobody`, who cannot enter a private
+        # run dir to write request bodies and buffered responses to its temp
+        # paths (a 500 on any body over 16 KB). The lab's nginx runs as its owner.
+        "user_directive": "user root;" if os.geteuid() == 0 else "",
         "listen_host": ports.host,
         "listen_port": str(ports.nginx_port),
         "upstream_host": ports.host,

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from services.engine.admission import Admission
 from services.engine.backends.base import (
     Backend,
     BackendError,
@@ -78,6 +79,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self._backend = backend
         self._stats = stats
         self._settings = settings
+        self._admission = Admission(settings.max_running_generations,
+                                    settings.max_queued_generations)
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -86,11 +89,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             generation = to_generation_input(request, self._settings)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self._admission.full():
+            # Refused before anything started: no record, no slot, no tokens.
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._admission.describe())
+        # Headers now, before any queueing and the (possibly long) prefill: the
+        # gateway learns that the engine accepted the call and can commit to a 200.
+        await context.send_initial_metadata((("x-request-id", generation.request_id),))
+        await self._admission.acquire()  # queued here; a cancel leaves the queue
         record = self._stats.begin(generation.request_id)
         context.add_done_callback(lambda ctx: self._on_done(ctx, record))
-        # Headers now, before the (possibly long) prefill: the gateway learns that
-        # the engine accepted the call and can commit to a 200 for its client.
-        await context.send_initial_metadata((("x-request-id", generation.request_id),))
         state = State.FAILED
         produced = 0
         try:
@@ -123,6 +130,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 await context.abort(grpc.StatusCode.INTERNAL, f"{exc.code}: {exc.message}")
             yield pb.GenerateResponse(error=pb.StreamError(code=exc.code, message=exc.message))
         finally:
+            self._admission.release()
             self._stats.end(record, state)
 
     async def GetStats(

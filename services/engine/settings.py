@@ -24,6 +24,10 @@ class EngineSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 50051
     backend: Literal["fake"] = "fake"
+    # Generations running at once (GPU slots), and how many more may wait for
+    # one; past both the engine answers RESOURCE_EXHAUSTED at once.
+    max_running_generations: int = Field(64, ge=1)
+    max_queued_generations: int = Field(64, ge=0)
     # Upper bound on max_tokens a request may ask for.
     max_tokens_limit: int = Field(4096, ge=1)
     # How many finished generations GetStats remembers.

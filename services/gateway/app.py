@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
+from services.gateway.limits import BodySizeLimit, StreamLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.settings import GatewaySettings
@@ -31,11 +32,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.metrics = GatewayMetrics()
     # Tasks that outlive their request (only the detached relay makes them).
     app.state.background_tasks = set()
+    app.state.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
+                                      settings.retry_after_s)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(openai_router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code)
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

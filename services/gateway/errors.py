@@ -18,7 +18,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.OUT_OF_RANGE: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # engine queue full: shed, retry later
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
@@ -30,6 +30,7 @@ class GatewayError(Exception):
         self.status_code = status_code
         self.code = code
         self.message = message
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         """OpenAI-style error object."""
@@ -45,9 +46,12 @@ class BadRequest(GatewayError):
 class EngineError(GatewayError):
     @classmethod
     def from_status(cls, status: grpc.StatusCode, details: str | None) -> EngineError:
-        return cls(
+        error = cls(
             _HTTP_STATUS.get(status, 502), status.name.lower(), f"engine: {details or status.name}"
         )
+        if error.status_code in (429, 503):
+            error.headers["Retry-After"] = "1"
+        return error
 
     @classmethod
     def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> EngineError:

@@ -21,14 +21,17 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError
+from services.gateway.limits import StreamLimiter, client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter, completion
 from services.gateway.relay import Relay, open_relay
@@ -59,14 +62,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     metrics: GatewayMetrics = state.metrics
 
     request_id = request_id_for(request, body)
+    prompt_chars = sum(len(m.content) for m in body.messages)
+    if prompt_chars > settings.max_prompt_chars:
+        raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
+                         f"the limit is {settings.max_prompt_chars}")
+    limiter: StreamLimiter = state.limiter
+    slot = limiter.acquire(client_key(request))  # 429 before anything starts
     try:
         stream = await engine.open(body.to_engine_request(request_id))
-    except EngineError as exc:
-        metrics.engine_errors.labels(exc.code).inc()
+    except BaseException as exc:
+        slot.release()
+        if isinstance(exc, EngineError):
+            metrics.engine_errors.labels(exc.code).inc()
         raise
     headers = {"X-Request-Id": stream.request_id}
     if not body.stream:
-        return JSONResponse(await _collect(stream, settings.model_name), headers=headers)
+        try:
+            return JSONResponse(await _collect(stream, settings.model_name), headers=headers)
+        finally:
+            slot.release()
 
     def ping() -> ServerSentEvent:
         metrics.heartbeats.inc()
@@ -75,7 +89,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     relay_mode = body.streamlab.relay if body.streamlab else "direct"
     relay = open_relay(relay_mode, stream, state.background_tasks)
-    return EventSourceResponse(
+
+    def release() -> None:
+        relay.close()
+        slot.release()
+
+    return GuardedEventSourceResponse(
+        release,
         _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
                 metrics),
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -86,6 +106,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         # generation cancelled, instead of pinning an engine slot forever.
         send_timeout=settings.send_timeout_s,
     )
+
+
+class GuardedEventSourceResponse(EventSourceResponse):
+    """Runs `on_close` however the response ends. The body generator's own
+    `finally` does not run if the client left before the body started (a
+    never-started async generator has nothing to unwind), which would leak the
+    engine call and the stream slot."""
+
+    def __init__(self, on_close: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 async def _events(

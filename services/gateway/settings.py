@@ -29,5 +29,13 @@ class GatewaySettings(BaseSettings):
     # stream (the gRPC flow-control window the gateway offers; BDP probing off
     # so it never grows). A token is ~30 bytes on this hop: 16 KiB ≈ 550 tokens.
     engine_read_ahead_bytes: int = Field(16_384, ge=1024)
+    # Load shedding (services/gateway/limits.py): streams open at once, overall
+    # and per client key; past either, 429 with Retry-After.
+    max_streams: int = Field(512, ge=1)
+    max_streams_per_client: int = Field(64, ge=1)
+    retry_after_s: int = Field(1, ge=0)
+    # Request size: bytes of body, characters of prompt (all messages together).
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_prompt_chars: int = Field(100_000, ge=1)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"

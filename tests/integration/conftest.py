@@ -25,6 +25,8 @@ pytestmark = pytest.mark.integration
 TEST_HEARTBEAT_S = 0.5
 # A reader that accepts nothing for this long is cut (tests/integration/test_backpressure.py).
 TEST_SEND_TIMEOUT_S = 3.0
+TEST_ENGINE_RUNNING, TEST_ENGINE_QUEUED = 30, 5
+TEST_GATEWAY_STREAMS, TEST_PER_CLIENT_STREAMS = 60, 25
 
 
 def free_ports(count: int) -> list[int]:
@@ -54,12 +56,17 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
         engine_env={"STREAMLAB_ENGINE_KEEPALIVE_S": "2",
                     # Slow-reader tests need answers longer than every buffer on the way.
                     "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
+                    # Small caps so tests/integration/test_limits.py can reach them.
+                    "STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": str(TEST_ENGINE_RUNNING),
+                    "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": str(TEST_ENGINE_QUEUED),
                     "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
         gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
                      "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
                      "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
                      "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
-                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
+                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+                     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
+                     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS)},
     )
 
 

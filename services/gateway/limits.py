@@ -1,0 +1,122 @@
+"""Load shedding at the gateway: caps on open streams and on request size.
+
+Each open stream is a held connection and a pinned engine slot, so the
+gateway admits a stream only while it is under both the overall cap and the
+caller's own cap; past either it answers `429` with `Retry-After` before the
+first byte and before anything starts at the engine. The caller's key is its
+bearer token (hashed: keys end up in metrics and logs) or `X-Client-Id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.gateway.errors import GatewayError
+
+
+class TooManyStreams(GatewayError):
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(429, "too_many_streams", message)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+def client_key(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and len(auth) > 7:
+        return "token:" + hashlib.sha256(auth[7:].encode()).hexdigest()[:12]
+    return "client:" + request.headers.get("x-client-id", "anonymous")[:64]
+
+
+class StreamSlot:
+    def __init__(self, limiter: StreamLimiter, key: str) -> None:
+        self._limiter = limiter
+        self._key = key
+        self._held = True
+
+    def release(self) -> None:
+        """Idempotent: every exit path of a stream may call it."""
+        if self._held:
+            self._held = False
+            self._limiter._release(self._key)
+
+
+class StreamLimiter:
+    def __init__(self, total: int, per_client: int, retry_after_s: int) -> None:
+        self._total = total
+        self._per_client = per_client
+        self._retry_after_s = retry_after_s
+        self._open: Counter[str] = Counter()
+
+    @property
+    def open(self) -> int:
+        return sum(self._open.values())
+
+    def acquire(self, key: str) -> StreamSlot:
+        if self.open >= self._total:
+            raise TooManyStreams(f"gateway at capacity: {self._total} streams open",
+                                 self._retry_after_s)
+        if self._open[key] >= self._per_client:
+            raise TooManyStreams(
+                f"too many streams for this client: {self._per_client} open",
+                self._retry_after_s)
+        self._open[key] += 1
+        return StreamSlot(self, key)
+
+    def _release(self, key: str) -> None:
+        self._open[key] -= 1
+        if self._open[key] <= 0:
+            del self._open[key]
+
+
+class BodySizeLimit:
+    """Refuses request bodies over `max_bytes` with 413, whether they announce a
+    Content-Length or arrive chunked, before the app parses anything."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(send)
+            return
+        # Without a trustworthy length, read (at most max_bytes + 1) up front.
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await self._refuse(send)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        error = GatewayError(413, "body_too_large",
+                             f"request body exceeds {self.max_bytes} bytes")
+        payload = json.dumps(error.body()).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
