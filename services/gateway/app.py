@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
@@ -16,6 +18,20 @@ from services.gateway.limits import BodySizeLimit, StreamLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.settings import GatewaySettings
+
+
+def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
+    """The first problem, named: which field (dotted path) and what is wrong."""
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "invalid JSON")
+        message, param = f"request body is not valid JSON: {reason}", None
+    else:
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        what = str(first.get("msg", "invalid request"))
+        message = f"{param}: {what}" if param else f"request body: {what}"
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                      "code": "invalid_request"}}
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -43,13 +59,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(
-            first.get("msg", "invalid request"))
-        body = {"error": {"message": message, "type": "invalid_request_error",
-                          "param": where or None, "code": "invalid_request"}}
-        return JSONResponse(body, status_code=400)
+        return JSONResponse(validation_error_body(exc), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (405, 404, a body that is not UTF-8) in the
+        # same OpenAI-style shape as everything else.
+        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error",
+                          "param": None, "code": f"http_{exc.status_code}"}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
