@@ -37,6 +37,7 @@ class StreamResult:
     bytes_down: int = 0
     closed_early: bool = False  # we stopped reading on purpose (stop_after_tokens)
     left_at: float | None = None  # time.monotonic() when we decided to close
+    retry_ms: int | None = None  # the last `retry:` the server sent
 
     @property
     def text(self) -> str:
@@ -89,6 +90,8 @@ async def stream_chat(
                         if item.text.startswith("ping"):
                             result.ping_times.append(now)
                         continue
+                    if item.retry is not None:
+                        result.retry_ms = item.retry
                     if item.data == "[DONE]":
                         result.done = True
                         continue

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.gateway.drain import Drain
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
 from services.gateway.limits import BodySizeLimit, StreamLimiter
@@ -48,6 +49,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.metrics = GatewayMetrics()
     # Tasks that outlive their request (only the detached relay makes them).
     app.state.background_tasks = set()
+    app.state.drain = Drain(settings.drain_grace_s)
     app.state.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
                                       settings.retry_after_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -70,12 +72,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        if app.state.drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         """Ready when the engine answers its health check through the engine hop."""
+        if app.state.drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         if await app.state.engine.healthy():
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "engine unavailable"}, status_code=503)

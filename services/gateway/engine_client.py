@@ -49,6 +49,7 @@ class EngineStream:
     def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str) -> None:
         self._call = call
         self.request_id = request_id
+        self._cancel_reason: str | None = None
 
     async def __aiter__(self) -> AsyncIterator[pb.GenerateResponse]:
         try:
@@ -56,8 +57,20 @@ class EngineStream:
                 yield response
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._cancel_reason is not None and task is not None and task.cancelling() == 0:
+                # grpc.aio raises CancelledError in the reader when the *call* is
+                # cancelled; this task was not, so say why instead of vanishing.
+                raise EngineError(503, self._cancel_reason,
+                                  f"stream ended by the gateway: {self._cancel_reason}") from None
+            raise
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str | None = None) -> None:
+        """Cancel the call (idempotent). With a reason, a reader that is still
+        iterating gets an EngineError carrying it."""
+        if reason is not None and self._cancel_reason is None:
+            self._cancel_reason = reason
         self._call.cancel()
 
     async def __aenter__(self) -> EngineStream:

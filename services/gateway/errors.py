@@ -25,12 +25,13 @@ _HTTP_STATUS = {
 
 
 class GatewayError(Exception):
-    def __init__(self, status_code: int, code: str, message: str) -> None:
+    def __init__(self, status_code: int, code: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.code = code
         self.message = message
-        self.headers: dict[str, str] = {}
+        self.headers: dict[str, str] = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """OpenAI-style error object."""

@@ -20,12 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.gateway.relay import RelayMode
 from streamlab.api.engine.v1 import engine_pb2 as pb
 
-MAX_DELAY_MS = 600_000  # ten minutes: past that a "pause" is a hang, not a lab setting
+MAX_DELAY_MS = 600_000
+UINT32_MAX = 2**32 - 1  # ten minutes: past that a "pause" is a hang, not a lab setting
 
 
 class Pause(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    after_token: int = Field(ge=0)
+    after_token: int = Field(ge=0, le=UINT32_MAX)
     pause_ms: int = Field(ge=0, le=MAX_DELAY_MS)
 
 
@@ -56,8 +57,9 @@ class ChatCompletionRequest(BaseModel):
     model: str = "streamlab-fake"
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    # Bounded by the wire type; the engine names its own, lower limit.
+    max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     stream_options: StreamOptions | None = None
     streamlab: StreamlabOptions | None = None
 

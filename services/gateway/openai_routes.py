@@ -29,8 +29,9 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
+from services.gateway.drain import DRAINING, Drain
 from services.gateway.engine_client import EngineClient, EngineStream
-from services.gateway.errors import BadRequest, EngineError
+from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamLimiter, client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter, completion
@@ -66,6 +67,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if prompt_chars > settings.max_prompt_chars:
         raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
                          f"the limit is {settings.max_prompt_chars}")
+    drain: Drain = state.drain
+    if drain.draining:
+        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
+                           headers={"Retry-After": str(settings.retry_after_s)})
     limiter: StreamLimiter = state.limiter
     slot = limiter.acquire(client_key(request))  # 429 before anything starts
     try:
@@ -75,11 +80,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if isinstance(exc, EngineError):
             metrics.engine_errors.labels(exc.code).inc()
         raise
+    drain.track(stream)
     headers = {"X-Request-Id": stream.request_id}
     if not body.stream:
         try:
             return JSONResponse(await _collect(stream, settings.model_name), headers=headers)
         finally:
+            drain.untrack(stream)
             slot.release()
 
     def ping() -> ServerSentEvent:
@@ -92,12 +99,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
     def release() -> None:
         relay.close()
+        drain.untrack(stream)
         slot.release()
 
     return GuardedEventSourceResponse(
         release,
         _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
-                metrics),
+                metrics, settings.drain_retry_ms),
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         ping=settings.heartbeat_s,
         ping_message_factory=ping,
@@ -126,7 +134,8 @@ class GuardedEventSourceResponse(EventSourceResponse):
 
 
 async def _events(
-    relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics
+    relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics,
+    retry_ms: int,
 ) -> AsyncIterator[ServerSentEvent]:
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
@@ -153,7 +162,12 @@ async def _events(
         # follows, so no client mistakes the cut for a complete answer.
         outcome = "engine_error"
         metrics.engine_errors.labels(exc.code).inc()
-        yield ServerSentEvent(data=json.dumps(exc.body()))
+        if exc.code == DRAINING:
+            # `retry:` tells an EventSource when to come back (to another gateway).
+            outcome = "drained"
+            yield ServerSentEvent(data=json.dumps(exc.body()), retry=retry_ms)
+        else:
+            yield ServerSentEvent(data=json.dumps(exc.body()))
     finally:
         relay.close()
         metrics.streams_active.dec()

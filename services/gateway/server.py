@@ -1,23 +1,58 @@
-"""Runs the gateway under uvicorn."""
+"""Runs the gateway under uvicorn, with a graceful drain on SIGTERM.
+
+uvicorn's own SIGTERM handling closes the listener at once and, through
+sse-starlette's hook, ends every stream. DrainingServer runs the drain first
+(services/gateway/drain.py) and only then lets uvicorn shut down; a second
+signal shuts down at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from types import FrameType
 
 import uvicorn
 
 from services.gateway.app import create_app
+from services.gateway.drain import Drain
 from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger("streamlab.gateway")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain.draining or self._drain.grace_s == 0:
+            super().handle_exit(sig, frame)  # second signal, or no drain wanted
+            return
+        log.info("SIGTERM: draining %d live streams for up to %.1f s",
+                 self._drain.live, self._drain.grace_s)
+        # We are in a signal handler: hand the work to the loop, waking it up.
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(self._start_drain, sig, frame)
+
+    def _start_drain(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.get_running_loop().create_task(
+                self._drain_then_exit(sig, frame))
+
+    async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
+        await self._drain.run()
+        log.info("drain done; shutting down")
+        super().handle_exit(sig, frame)
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = GatewaySettings()
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        # Streams may be open at SIGTERM; give them a moment to end cleanly.
-        timeout_graceful_shutdown=5,
-    )
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            # The drain already waited; this only bounds stragglers.
+                            timeout_graceful_shutdown=5)
+    DrainingServer(config, app.state.drain).run()

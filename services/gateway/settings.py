@@ -37,5 +37,9 @@ class GatewaySettings(BaseSettings):
     # Request size: bytes of body, characters of prompt (all messages together).
     max_body_bytes: int = Field(1_000_000, ge=1024)
     max_prompt_chars: int = Field(100_000, ge=1)
+    # Graceful drain on SIGTERM (services/gateway/drain.py): live streams get this
+    # long to finish; the rest are told to come back after `drain_retry_ms`.
+    drain_grace_s: float = Field(10.0, ge=0)
+    drain_retry_ms: int = Field(1000, ge=0)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"

@@ -26,6 +26,7 @@ TEST_HEARTBEAT_S = 0.5
 # A reader that accepts nothing for this long is cut (tests/integration/test_backpressure.py).
 TEST_SEND_TIMEOUT_S = 3.0
 TEST_ENGINE_RUNNING, TEST_ENGINE_QUEUED = 30, 5
+TEST_DRAIN_GRACE_S = 2.0
 TEST_GATEWAY_STREAMS, TEST_PER_CLIENT_STREAMS = 60, 25
 
 
@@ -65,6 +66,7 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
                      "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
                      "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
                      "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+                     "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
                      "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
                      "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS)},
     )
