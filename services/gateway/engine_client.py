@@ -46,14 +46,35 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
 class EngineStream:
     """An accepted Generate call: iterate it for responses, cancel it when done."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str,
+                 idle_timeout_s: float, max_duration_s: float) -> None:
         self._call = call
         self.request_id = request_id
         self._cancel_reason: str | None = None
+        self._idle_timeout_s = idle_timeout_s
+        self._max_duration_s = max_duration_s
 
     async def __aiter__(self) -> AsyncIterator[pb.GenerateResponse]:
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + self._max_duration_s
         try:
-            async for response in self._call:
+            while True:
+                # Deadlines bound each read only, never the time the consumer
+                # spends at `yield` (a slow client's send is the send timeout's job).
+                wait = min(self._idle_timeout_s, ends_at - loop.time())
+                try:
+                    async with asyncio.timeout(wait):
+                        response = await self._call.read()
+                except TimeoutError:
+                    self._call.cancel()
+                    if loop.time() >= ends_at:
+                        raise EngineError(504, "stream_deadline",
+                                          f"stream exceeded {self._max_duration_s:g} s") from None
+                    raise EngineError(504, "engine_idle_timeout",
+                                      f"engine sent nothing for {self._idle_timeout_s:g} s"
+                                      ) from None
+                if response is grpc.aio.EOF:
+                    return
                 yield response
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
@@ -92,6 +113,8 @@ class EngineClient:
         self._stub = pb_grpc.EngineServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._accept_timeout_s = settings.engine_accept_timeout_s
+        self._idle_timeout_s = settings.engine_idle_timeout_s
+        self._max_duration_s = settings.max_stream_duration_s
 
     async def open(self, request: pb.GenerateRequest) -> EngineStream:
         """Start a generation and wait until the engine has accepted it.
@@ -119,7 +142,7 @@ class EngineClient:
             if code != grpc.StatusCode.OK:
                 raise EngineError.from_status(code, await call.details())
         request_id = dict(metadata or ()).get("x-request-id", request.request_id)
-        return EngineStream(call, str(request_id))
+        return EngineStream(call, str(request_id), self._idle_timeout_s, self._max_duration_s)
 
     async def healthy(self) -> bool:
         """The engine's gRPC health, asked through the same hop the streams use."""

@@ -18,6 +18,11 @@ class GatewaySettings(BaseSettings):
     # Seconds to wait for the engine to accept a call (its response headers)
     # before answering 504; covers a black-holed engine hop.
     engine_accept_timeout_s: float = Field(5.0, gt=0)
+    # Per-stream deadlines on the engine hop, surfaced as clean error events:
+    # silence from the engine (longer than any think pause you expect), and
+    # the whole stream's length.
+    engine_idle_timeout_s: float = Field(300.0, gt=0)
+    max_stream_duration_s: float = Field(3600.0, gt=0)
     # A client that accepts no bytes for this long (its TCP window stays shut)
     # is cut and its generation cancelled. None waits forever (the broken case).
     send_timeout_s: float | None = Field(30.0, gt=0)

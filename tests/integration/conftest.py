@@ -27,6 +27,8 @@ TEST_HEARTBEAT_S = 0.5
 TEST_SEND_TIMEOUT_S = 3.0
 TEST_ENGINE_RUNNING, TEST_ENGINE_QUEUED = 30, 5
 TEST_DRAIN_GRACE_S = 2.0
+# Longer than every think pause the other tests use; the deadline tests exceed them.
+TEST_ENGINE_IDLE_S, TEST_MAX_STREAM_S = 6.0, 40.0
 TEST_GATEWAY_STREAMS, TEST_PER_CLIENT_STREAMS = 60, 25
 
 
@@ -67,6 +69,8 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
                      "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
                      "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
                      "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
+                     "STREAMLAB_GATEWAY_ENGINE_IDLE_TIMEOUT_S": str(TEST_ENGINE_IDLE_S),
+                     "STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S": str(TEST_MAX_STREAM_S),
                      "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
                      "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS)},
     )

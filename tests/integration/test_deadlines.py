@@ -1,0 +1,36 @@
+"""Per-stream deadlines on the engine hop end a stream with a clean error event."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import httpx
+import pytest
+
+from services.client.openai_stream import chat_body, stream_chat
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.lab import Lab
+from tests.integration.conftest import TEST_ENGINE_IDLE_S
+from tests.integration.engine_probe import wait_for_generation_end
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+async def test_silent_engine_past_the_idle_deadline_gets_an_error_event(
+    lab: Lab, http: httpx.AsyncClient
+) -> None:
+    rid = f"idle-{uuid.uuid4().hex[:6]}"
+    pause_ms = int((TEST_ENGINE_IDLE_S + 3) * 1000)
+    body = chat_body("think hard", prefill_ms=10, token_gap_ms=10, answer_tokens=3,
+                     pauses=[{"after_token": 0, "pause_ms": pause_ms}])
+    result = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions", body,
+                               headers={"X-Request-Id": rid})
+    assert result.status == 200
+    assert not result.done
+    assert result.error is not None
+    assert result.error["code"] == "engine_idle_timeout"
+    assert len(result.texts) == 1
+    assert TEST_ENGINE_IDLE_S <= result.total_s < TEST_ENGINE_IDLE_S + 3
+    record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, rid)
+    assert record.state == pb.GENERATION_STATE_CANCELLED
