@@ -38,6 +38,7 @@ class StreamResult:
     closed_early: bool = False  # we stopped reading on purpose (stop_after_tokens)
     left_at: float | None = None  # time.monotonic() when we decided to close
     retry_ms: int | None = None  # the last `retry:` the server sent
+    retry_after_s: float | None = None  # a refusal's Retry-After header
 
     @property
     def text(self) -> str:
@@ -74,6 +75,9 @@ async def stream_chat(
             result.status = response.status_code
             result.request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
+                retry_after = response.headers.get("retry-after", "")
+                if retry_after.isdigit():
+                    result.retry_after_s = float(retry_after)
                 raw = await response.aread()
                 result.bytes_down = len(raw)
                 result.error = _error_body(raw)
