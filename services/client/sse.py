@@ -45,6 +45,9 @@ class SSEDecoder:
         self._event = ""
         self._retry: int | None = None
         self.last_event_id = ""
+        # The server's latest `retry:`, in force from the moment it is parsed
+        # (even in a block with no data, which dispatches nothing).
+        self.reconnection_time_ms: int | None = None
 
     def feed(self, chunk: bytes) -> list[Item]:
         """Parse one read's worth of bytes; return the items it completed."""
@@ -99,6 +102,7 @@ class SSEDecoder:
                 self.last_event_id = value
         elif field == "retry" and value.isascii() and value.isdigit():
             self._retry = int(value)
+            self.reconnection_time_ms = self._retry
         return None
 
     def _dispatch(self) -> Event | None:

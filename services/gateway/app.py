@@ -18,6 +18,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.limits import BodySizeLimit, StreamLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_routes import router as openai_router
+from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
 
 
@@ -54,6 +55,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                                       settings.retry_after_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(openai_router)
+    app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:

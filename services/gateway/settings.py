@@ -48,3 +48,24 @@ class GatewaySettings(BaseSettings):
     drain_retry_ms: int = Field(1000, ge=0)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"
+
+    # ---- the resume surface (/v1/streams; services/gateway/streams.py) ----------
+    # How long a generation keeps running with nobody attached after a client
+    # disconnects, buffering into its replay log, before it is cancelled at the
+    # engine. 0 cancels at once (the OpenAI route's behaviour). Longer graces
+    # survive longer cuts and burn more GPU for clients that never come back.
+    resume_grace_s: float = Field(10.0, ge=0)
+    # How long a created stream waits for its first GET before it is cancelled.
+    resume_attach_timeout_s: float = Field(10.0, gt=0)
+    # How long a finished stream stays replayable, then it is evicted (410).
+    resume_ttl_s: float = Field(120.0, ge=0)
+    # The `retry:` sent to clients: milliseconds before an EventSource reconnects.
+    resume_retry_ms: int = Field(1000, ge=0, le=600_000)
+    # Bounds on replay memory: per stream (oldest events are dropped first, and a
+    # resuming client is told about the gap) and for all streams together
+    # (finished streams are evicted first, oldest first).
+    resume_log_max_events: int = Field(10_000, ge=1)
+    resume_log_max_bytes: int = Field(1 << 20, ge=1024)
+    resume_total_max_bytes: int = Field(64 << 20, ge=1024)
+    # Most streams held at once (running or replayable); more → 503 on create.
+    resume_max_streams: int = Field(1000, ge=1)

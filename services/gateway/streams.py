@@ -1,0 +1,307 @@
+"""Resumable streams: generations that outlive the connection that watches them.
+
+On the OpenAI route the request owns the engine call, so a disconnect cancels
+it. On the resume surface (`/v1/streams`) the *registry* owns it:
+
+    POST /v1/streams ─▶ engine.open() ─▶ StreamRegistry.create()
+                                           └─ producer task: engine call ─▶ ReplayLog
+    GET .../events   ─▶ a follower: reads the log after Last-Event-ID, then waits
+                        for more; attach/detach count the followers
+
+- Each stream's producer task reads the gRPC call and appends to the stream's
+  bounded ReplayLog whether or not anyone is listening.
+- When the last follower detaches, a grace timer starts (`resume_grace_s`,
+  or a shorter one the creator asked for). A follower attaching stops it. If it
+  fires, the stream is cancelled: the gRPC call is cancelled (the engine stops
+  at its next decode step, exactly as on the OpenAI route) and a terminal
+  `cancelled` event goes into the log. Grace 0 cancels on the spot.
+- A created stream that nobody ever GETs is cancelled after
+  `resume_attach_timeout_s`.
+- A finished stream (done, error or cancelled) stays replayable for its TTL,
+  then is evicted; its id is remembered (a bounded set) so a late client gets
+  410 Gone rather than 404.
+- Memory: each log is bounded (events and bytes), and the sum over all logs is
+  bounded too: over budget, the oldest finished streams are evicted first,
+  then the growing stream drops its own oldest events (followers are told).
+- The registry's `close()` (gateway shutdown) cancels every running stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from services.gateway.engine_client import EngineStream
+from services.gateway.errors import EngineError, GatewayError
+from services.gateway.openai_api import FINISH_REASONS, usage_dict
+from services.gateway.replay_log import Entry, ReplayLog, event_id
+from services.gateway.settings import GatewaySettings
+
+MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
+MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
+
+
+class State(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Attach:
+    """One GET of the events URL, for the status endpoint and the tests."""
+
+    at: float  # seconds since the stream was created
+    last_event_id: str | None  # what the client sent (header or query)
+    resumed_after: int  # the sequence number this connection continued after
+    missed: tuple[int, int] | None  # what it asked for that was already dropped
+
+
+@dataclass(frozen=True)
+class StreamPolicy:
+    grace_s: float
+    ttl_s: float
+    retry_ms: int
+    max_events: int  # this stream's replay log bound (events)
+
+
+class ResumeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.streams = Counter("streamlab_gateway_resume_streams",
+                               "Resumable streams by how they ended", ["outcome"],
+                               registry=registry)
+        self.connections = Counter("streamlab_gateway_resume_connections",
+                                   "GETs of an events URL by replay kind", ["replay"],
+                                   registry=registry)
+        self.held = Gauge("streamlab_gateway_resume_streams_held",
+                          "Streams held (running or replayable)", registry=registry)
+        self.bytes = Gauge("streamlab_gateway_resume_replay_bytes",
+                           "Bytes held in replay logs", registry=registry)
+
+
+class ResumableStream:
+    def __init__(self, stream_id: str, engine: EngineStream, log: ReplayLog,
+                 policy: StreamPolicy, registry: StreamRegistry) -> None:
+        self.id = stream_id
+        self.log = log
+        self.policy = policy
+        self.state = State.RUNNING
+        self.cancel_reason: str | None = None
+        self.followers = 0
+        self.attaches: list[Attach] = []
+        self.created = time.monotonic()
+        self.ended_at: float | None = None
+        self._engine = engine
+        self._registry = registry
+        self._changed = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state is not State.RUNNING
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next append or end. Take it *before* reading the log, so a
+        change between the read and the wait cannot be missed."""
+        return self._changed
+
+    def start(self, attach_timeout_s: float) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._produce(), name=f"resumable-stream-{self.id}")
+        self._arm(attach_timeout_s, "never_attached")
+
+    # ---- followers ------------------------------------------------------------
+    def attach(self, record: Attach) -> None:
+        self.followers += 1
+        self.attaches = [*self.attaches[-(MAX_ATTACH_RECORDS - 1):], record]
+        self._disarm()
+
+    def detach(self) -> None:
+        self.followers -= 1
+        if self.followers == 0 and not self.ended:
+            self._arm(self.policy.grace_s, "resume_grace_expired")
+
+    def _arm(self, delay_s: float, reason: str) -> None:
+        self._disarm()
+        if delay_s <= 0:
+            self.cancel(reason)
+        else:
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self.cancel, reason)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ---- the generation ---------------------------------------------------------
+    def cancel(self, reason: str) -> None:
+        """Stop the generation at the engine and end the stream. Synchronous and
+        idempotent: timers, DELETE and shutdown all land here."""
+        if self.ended:
+            return
+        self.cancel_reason = reason
+        self._engine.cancel()
+        self._end(State.CANCELLED, "cancelled", {"reason": reason})
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _produce(self) -> None:
+        try:
+            async for response in self._engine:
+                kind = response.WhichOneof("event")
+                if kind == "token":
+                    self._append("token", {"index": response.token.index,
+                                           "text": response.token.text})
+                elif kind == "finish":
+                    finish = response.finish
+                    self._end(State.COMPLETED, "done", {
+                        "finish_reason": FINISH_REASONS.get(finish.reason, "stop"),
+                        "usage": usage_dict(finish.usage)})
+                    return
+                elif kind == "error":
+                    self._end(State.FAILED, "error", {"error": {
+                        "code": response.error.code,
+                        "message": f"engine: {response.error.message}"}})
+                    return
+            self._end(State.FAILED, "error", {"error": {
+                "code": "truncated", "message": "engine stream ended without a finish event"}})
+        except EngineError as exc:
+            self._end(State.FAILED, "error", exc.body())
+        finally:
+            self._engine.cancel()
+
+    def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
+        before = self.log.bytes
+        entry = self.log.append(kind, json.dumps(payload, separators=(",", ":"),
+                                                 ensure_ascii=False))
+        self._registry.account(self, self.log.bytes - before)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return entry
+
+    def _end(self, state: State, kind: str, payload: dict[str, Any]) -> None:
+        if self.ended:
+            return
+        self._disarm()
+        self.state = state
+        self.ended_at = time.monotonic()
+        self._append(kind, payload)  # the terminal event: it has an id like any other
+        self._registry.ended(self)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "cancel_reason": self.cancel_reason,
+            "followers": self.followers,
+            "first_seq": self.log.first_seq,
+            "last_seq": self.log.last_seq,
+            "last_event_id": event_id(self.id, self.log.last_seq),
+            "replay_bytes": self.log.bytes,
+            "grace_s": self.policy.grace_s,
+            "ttl_s": self.policy.ttl_s,
+            "attaches": [asdict(a) for a in self.attaches],
+        }
+
+
+class StreamRegistry:
+    def __init__(self, settings: GatewaySettings, metrics: CollectorRegistry) -> None:
+        self.settings = settings
+        self.metrics = ResumeMetrics(metrics)
+        self._streams: OrderedDict[str, ResumableStream] = OrderedDict()  # oldest first
+        self._evictions: dict[str, asyncio.TimerHandle] = {}
+        self._tombstones: OrderedDict[str, None] = OrderedDict()
+        self.total_bytes = 0
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    def get(self, stream_id: str) -> ResumableStream | None:
+        return self._streams.get(stream_id)
+
+    def was_evicted(self, stream_id: str) -> bool:
+        return stream_id in self._tombstones
+
+    def ensure_capacity(self) -> None:
+        """Make room for one more stream, or refuse before the engine is asked."""
+        while len(self._streams) >= self.settings.resume_max_streams:
+            if not self._evict_oldest_finished():
+                raise GatewayError(503, "too_many_streams",
+                                   f"{len(self._streams)} resumable streams are running; "
+                                   "try again later")
+
+    def create(self, stream_id: str, engine: EngineStream, policy: StreamPolicy) -> ResumableStream:
+        log = ReplayLog(policy.max_events, self.settings.resume_log_max_bytes)
+        stream = ResumableStream(stream_id, engine, log, policy, self)
+        self._streams[stream_id] = stream
+        self.metrics.held.set(len(self._streams))
+        stream.start(self.settings.resume_attach_timeout_s)
+        return stream
+
+    # ---- called by streams --------------------------------------------------------
+    def account(self, stream: ResumableStream, delta: int) -> None:
+        self.total_bytes += delta
+        while self.total_bytes > self.settings.resume_total_max_bytes:
+            if self._evict_oldest_finished(keep=stream):
+                continue
+            freed = stream.log.drop_oldest() if len(stream.log) > 1 else 0
+            if freed == 0:
+                break  # one event per running stream is the floor
+            self.total_bytes -= freed
+        self.metrics.bytes.set(self.total_bytes)
+
+    def ended(self, stream: ResumableStream) -> None:
+        outcome = stream.cancel_reason or stream.state.value
+        self.metrics.streams.labels(outcome).inc()
+        handle = asyncio.get_running_loop().call_later(
+            stream.policy.ttl_s, self.evict, stream.id)
+        self._evictions[stream.id] = handle
+
+    # ---- eviction -------------------------------------------------------------------
+    def evict(self, stream_id: str) -> None:
+        stream = self._streams.pop(stream_id, None)
+        handle = self._evictions.pop(stream_id, None)
+        if handle is not None:
+            handle.cancel()
+        if stream is None:
+            return
+        self.total_bytes -= stream.log.clear()
+        self._tombstones[stream_id] = None
+        while len(self._tombstones) > MAX_TOMBSTONES:
+            self._tombstones.popitem(last=False)
+        self.metrics.held.set(len(self._streams))
+        self.metrics.bytes.set(self.total_bytes)
+
+    def _evict_oldest_finished(self, keep: ResumableStream | None = None) -> bool:
+        for stream_id, stream in self._streams.items():
+            if stream.ended and stream.followers == 0 and stream is not keep:
+                self.evict(stream_id)
+                return True
+        return False
+
+    async def close(self) -> None:
+        """Gateway shutdown: cancel what runs (the engine stops), drop the rest."""
+        for stream in list(self._streams.values()):
+            stream.cancel("gateway_shutdown")
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for stream_id in list(self._streams):
+            self.evict(stream_id)
