@@ -2,6 +2,7 @@
 # Installs what the lab needs, skipping what is already there:
 #   - .venv/ with the project and its dev tools (Python packages from PyPI)
 #   - nginx from Debian's packages
+#   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
 # Safe to run again; `make up` and `make test` call it first.
 set -euo pipefail
@@ -39,6 +40,21 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
 fi
 # Debian starts a system nginx on port 80 at install; the lab runs its own and
 # never needs that one, but leaves it alone.
+
+# --- chromium (the browser resume test) -----------------------------------------
+# Debian's own package: the browser test drives it over the DevTools protocol,
+# so no browser is downloaded from anywhere else. Without it that one test is
+# skipped (with its reason), everything else runs.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "installing chromium from Debian's packages (browser resume test)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "chromium is missing, so the browser test will be skipped." \
+         "Install it with: sudo apt-get install -y chromium" >&2
+  fi
+fi
 
 # --- Toxiproxy --------------------------------------------------------------
 if [ ! -x .tools/bin/toxiproxy-server ] || [ ! -x .tools/bin/toxiproxy-cli ]; then

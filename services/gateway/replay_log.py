@@ -20,12 +20,12 @@ from dataclasses import dataclass
 # rough figure, so the byte bound tracks real memory rather than only payloads.
 ENTRY_OVERHEAD_BYTES = 64
 
-_STREAM_ID = re.compile(r"^[0-9a-f]{32}$")
-_EVENT_ID = re.compile(r"^([0-9a-f]{32}):(0|[1-9][0-9]{0,17})$")
+_STREAM_ID = re.compile(r"[0-9a-f]{32}")
+_EVENT_ID = re.compile(r"([0-9a-f]{32}):(0|[1-9][0-9]{0,17})")
 
 
 def is_stream_id(text: str) -> bool:
-    return bool(_STREAM_ID.match(text))
+    return bool(_STREAM_ID.fullmatch(text))
 
 
 def event_id(stream_id: str, seq: int) -> str:
@@ -37,7 +37,7 @@ class BadEventId(ValueError):
 
 
 def parse_event_id(text: str) -> tuple[str, int]:
-    match = _EVENT_ID.match(text)
+    match = _EVENT_ID.fullmatch(text)  # fullmatch: no trailing newline slips by
     if match is None:
         raise BadEventId(f"Last-Event-ID {text[:80]!r} is not '<stream id>:<sequence>'")
     return match.group(1), int(match.group(2))
