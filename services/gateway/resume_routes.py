@@ -45,6 +45,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import BadRequest, EngineError, GatewayError
+from services.gateway.limits import StreamLimiter, client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.replay_log import BadEventId, event_id, is_stream_id, parse_event_id
@@ -105,14 +106,26 @@ async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResp
     engine: EngineClient = state.engine
     metrics: GatewayMetrics = state.metrics
 
+    settings: GatewaySettings = state.settings
+    prompt_chars = sum(len(m.content) for m in body.messages)
+    if prompt_chars > settings.max_prompt_chars:
+        raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
+                         f"the limit is {settings.max_prompt_chars}")
     registry.ensure_capacity()
+    # The same stream caps as the OpenAI route: a resumable generation holds
+    # its slot until it ends (not until its connection does).
+    limiter: StreamLimiter = state.limiter
+    slot = limiter.acquire(client_key(request))
     stream_id = registry.new_id()  # also the engine's request id
     try:
         engine_stream = await engine.open(body.to_engine_request(stream_id))
-    except EngineError as exc:
-        metrics.engine_errors.labels(exc.code).inc()
+    except BaseException as exc:
+        slot.release()
+        if isinstance(exc, EngineError):
+            metrics.engine_errors.labels(exc.code).inc()
         raise
-    stream = registry.create(stream_id, engine_stream, _policy(state.settings, body.resume))
+    stream = registry.create(stream_id, engine_stream, _policy(settings, body.resume),
+                             on_end=slot.release)
     events_url = f"/v1/streams/{stream_id}/events"
     return JSONResponse(
         {"id": stream_id, "events_url": events_url, "status_url": f"/v1/streams/{stream_id}",
@@ -198,6 +211,9 @@ async def stream_events(
         ping=state.settings.heartbeat_s,
         ping_message_factory=ping,
         sep="\n",
+        # A reader that accepts no bytes for this long is cut (its follower
+        # detaches, so the grace clock starts) instead of holding on forever.
+        send_timeout=state.settings.send_timeout_s,
     )
 
 

@@ -34,6 +34,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -91,7 +92,8 @@ class ResumeMetrics:
 
 class ResumableStream:
     def __init__(self, stream_id: str, engine: EngineStream, log: ReplayLog,
-                 policy: StreamPolicy, registry: StreamRegistry) -> None:
+                 policy: StreamPolicy, registry: StreamRegistry,
+                 on_end: Callable[[], None] = lambda: None) -> None:
         self.id = stream_id
         self.log = log
         self.policy = policy
@@ -103,6 +105,7 @@ class ResumableStream:
         self.ended_at: float | None = None
         self._engine = engine
         self._registry = registry
+        self._on_end = on_end
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -202,6 +205,7 @@ class ResumableStream:
         self.state = state
         self.ended_at = time.monotonic()
         self._append(kind, payload)  # the terminal event: it has an id like any other
+        self._on_end()
         self._registry.ended(self)
 
     def snapshot(self) -> dict[str, Any]:
@@ -247,9 +251,11 @@ class StreamRegistry:
                                    f"{len(self._streams)} resumable streams are running; "
                                    "try again later")
 
-    def create(self, stream_id: str, engine: EngineStream, policy: StreamPolicy) -> ResumableStream:
+    def create(self, stream_id: str, engine: EngineStream, policy: StreamPolicy,
+               on_end: Callable[[], None] = lambda: None) -> ResumableStream:
+        """Register a started generation; `on_end` runs once when it ends."""
         log = ReplayLog(policy.max_events, self.settings.resume_log_max_bytes)
-        stream = ResumableStream(stream_id, engine, log, policy, self)
+        stream = ResumableStream(stream_id, engine, log, policy, self, on_end)
         self._streams[stream_id] = stream
         self.metrics.held.set(len(self._streams))
         stream.start(self.settings.resume_attach_timeout_s)
