@@ -27,8 +27,11 @@ TOKENS, GAP_MS, RETRY_MS = 60, 50, 200
 CUT_AFTER_TOKENS = 5
 
 
-async def page_state(page: Page) -> dict[str, Any]:
-    state: dict[str, Any] = await page.evaluate(
+async def page_state(page: Page) -> dict[str, Any] | None:
+    """The demo page's state, or None while the page (its `demo`) is not there yet:
+    Page.navigate returns before the new document runs its script."""
+    state: dict[str, Any] | None = await page.evaluate(
+        "typeof demo === 'undefined' ? null : "
         "JSON.parse(JSON.stringify({status: demo.status, streamId: demo.streamId,"
         " text: demo.text, indexes: demo.indexes, opens: demo.opens, errors: demo.errors,"
         " gaps: demo.gaps, lastEventId: demo.lastEventId,"
@@ -38,12 +41,12 @@ async def page_state(page: Page) -> dict[str, Any]:
 
 async def wait_for(page: Page, check: Callable[[dict[str, Any]], bool], timeout_s: float,
                    what: str) -> dict[str, Any]:
-    state: dict[str, Any] = {}
+    state: dict[str, Any] | None = None
     try:
         with anyio.fail_after(timeout_s):
             while True:
                 state = await page_state(page)
-                if check(state):
+                if state is not None and check(state):
                     return state
                 await anyio.sleep(0.02)
     except TimeoutError as exc:
