@@ -81,7 +81,7 @@ def test_event_ids_name_the_stream_and_the_place_in_it() -> None:
 
 @pytest.mark.parametrize("bad", [
     "", "42", f"{SID}", f"{SID}:", f"{SID}:-1", f"{SID}:01", f"{SID}:1.5", f"{SID}:1 ",
-    f"{SID}:1\n", f"{SID.upper()}:1", f"{SID}x:1", f"{SID}:{'9' * 19}", "ÿ" * 40,
+    f"{SID}:1\n", f"{SID.upper()}:1", f"{SID}x:1", f"{SID}:{'9' * 19}", "ÿ:1",
 ])
 def test_malformed_event_ids_are_refused(bad: str) -> None:
     with pytest.raises(BadEventId):
