@@ -49,7 +49,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     say "installing chromium from Debian's packages (browser resume test)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
   else
     echo "chromium is missing, so the browser test will be skipped." \
          "Install it with: sudo apt-get install -y chromium" >&2
