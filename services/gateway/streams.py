@@ -23,6 +23,8 @@ it. On the resume surface (`/v1/streams`) the *registry* owns it:
 - Memory: each log is bounded (events and bytes), and the sum over all logs is
   bounded too: over budget, the oldest finished streams are evicted first,
   then the growing stream drops its own oldest events (followers are told).
+  A running stream always keeps its newest event, so the total can exceed the
+  budget by at most one event per running stream (and those are capped).
 - The registry's `close()` (gateway shutdown) cancels every running stream.
 """
 
