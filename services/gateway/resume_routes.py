@@ -43,6 +43,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from services.gateway.drain import DRAINING, Drain
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamLimiter, client_key
@@ -111,6 +112,10 @@ async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResp
     if prompt_chars > settings.max_prompt_chars:
         raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
                          f"the limit is {settings.max_prompt_chars}")
+    drain: Drain = state.drain
+    if drain.draining:
+        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
+                           headers={"Retry-After": str(settings.retry_after_s)})
     registry.ensure_capacity()
     # The same stream caps as the OpenAI route: a resumable generation holds
     # its slot until it ends (not until its connection does).
@@ -124,8 +129,15 @@ async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResp
         if isinstance(exc, EngineError):
             metrics.engine_errors.labels(exc.code).inc()
         raise
+    # A drain waits for the generation (not for its readers), then cancels it.
+    drain.track(engine_stream)
+
+    def ended() -> None:
+        drain.untrack(engine_stream)
+        slot.release()
+
     stream = registry.create(stream_id, engine_stream, _policy(settings, body.resume),
-                             on_end=slot.release)
+                             on_end=ended)
     events_url = f"/v1/streams/{stream_id}/events"
     return JSONResponse(
         {"id": stream_id, "events_url": events_url, "status_url": f"/v1/streams/{stream_id}",

@@ -43,6 +43,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineStream
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS, usage_dict
@@ -187,7 +188,11 @@ class ResumableStream:
             self._end(State.FAILED, "error", {"error": {
                 "code": "truncated", "message": "engine stream ended without a finish event"}})
         except EngineError as exc:
-            self._end(State.FAILED, "error", exc.body())
+            if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
+                self.cancel_reason = DRAINING
+                self._end(State.CANCELLED, "cancelled", {"reason": DRAINING})
+            else:
+                self._end(State.FAILED, "error", exc.body())
         finally:
             self._engine.cancel()
 
