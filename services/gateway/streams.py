@@ -254,9 +254,9 @@ class StreamRegistry:
         """Make room for one more stream, or refuse before the engine is asked."""
         while len(self._streams) >= self.settings.resume_max_streams:
             if not self._evict_oldest_finished():
-                raise GatewayError(503, "too_many_streams",
+                raise GatewayError(503, "resume_capacity",
                                    f"{len(self._streams)} resumable streams are running; "
-                                   "try again later")
+                                   "try again later", headers={"Retry-After": "1"})
 
     def create(self, stream_id: str, engine: EngineStream, policy: StreamPolicy,
                on_end: Callable[[], None] = lambda: None) -> ResumableStream:
