@@ -2,8 +2,9 @@
 go on every hop and the engine is killed and restarted. Bounded in streams
 and time, loopback only; it stops by itself.
 
-Every stream must end in exactly one known way: `complete` (its text equals a
-reference run: nothing lost, nothing duplicated), `error_event` (an HTTP error
+Every stream must end in exactly one known way: `complete` or
+`resumed_complete` (its text equals a reference run: nothing lost, nothing
+duplicated; the latter reconnected with Last-Event-ID on the way), `error_event` (an HTTP error
 or an SSE error event), `connection_error` (the connection itself was cut: no
 `[DONE]`, so never mistaken for success), or `abandoned` (the client left on
 purpose). `hang` (past its deadline) and `corrupt` (a `[DONE]` stream whose
@@ -25,12 +26,13 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.client.openai_stream import chat_body, stream_chat
+from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
 from streamlab.toxiproxy import Toxic, Toxiproxy
 
 ANSWER_LENGTHS = (20, 60, 120)
 GAP_MS = 15
-BEHAVIOURS = ("full", "full", "full", "abandon", "stall")
+BEHAVIOURS = ("full", "full", "abandon", "stall", "resume", "resume")
 
 # Toxics that come and go; each is sized to break streams, not to stop the soak.
 CHAOS_TOXICS: tuple[tuple[str, dict[str, int | float]], ...] = (
@@ -74,8 +76,12 @@ class SoakTarget:
     gateway_rss: Callable[[], int]
 
     @property
+    def base_url(self) -> str:
+        return f"http://{self.edge_host}:{self.edge_port}"
+
+    @property
     def url(self) -> str:
-        return f"http://{self.edge_host}:{self.edge_port}/v1/chat/completions"
+        return f"{self.base_url}/v1/chat/completions"
 
 
 async def soak(target: SoakTarget, streams: int = 200, concurrency: int = 20,
@@ -133,6 +139,8 @@ async def _stream(http: httpx.AsyncClient, target: SoakTarget, behaviour: str, a
                   reference: str, rng: random.Random) -> str:
     body = chat_body("soak", prefill_ms=5, token_gap_ms=GAP_MS, answer_tokens=answer)
     rid = f"soak-{uuid.uuid4().hex[:10]}"
+    if behaviour == "resume":
+        return await _resume(http, target, body, reference)
     if behaviour == "stall":
         # Never reads; leaves after a while (a tab in the background, then closed).
         sock = await asyncio.to_thread(open_silent_reader, target.edge_host, target.edge_port,
@@ -157,6 +165,34 @@ async def _stream(http: httpx.AsyncClient, target: SoakTarget, behaviour: str, a
     if result.done:
         return "complete" if result.text == reference else "corrupt"
     if result.status != 200 or (result.error or {}).get("type"):
+        return "error_event"
+    return "connection_error"
+
+
+async def _resume(http: httpx.AsyncClient, target: SoakTarget, body: dict[str, object],
+                  reference: str) -> str:
+    """The resume surface, as an EventSource would use it: reconnect with
+    Last-Event-ID after every cut until a terminal event."""
+    for _ in range(4):
+        try:
+            created = await create_stream(http, target.base_url, body)
+            break
+        except ResumeError as exc:
+            if exc.status not in (429, 502, 503):
+                return "error_event"
+            await asyncio.sleep(1.0)
+        except httpx.TransportError:
+            return "connection_error"
+    else:
+        return "error_event"
+    result = await follow_stream(http, target.base_url, created, max_connections=20,
+                                 default_retry_ms=200)
+    if result.terminal == "done":
+        whole = result.text == reference and result.indexes == list(range(len(result.tokens)))
+        if not whole or result.gaps:
+            return "corrupt"
+        return "resumed_complete" if len(result.connections) > 1 else "complete"
+    if result.terminal in ("error", "cancelled") or result.error is not None:
         return "error_event"
     return "connection_error"
 
