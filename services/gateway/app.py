@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.gateway.auth import BearerAuth
 from services.gateway.drain import Drain
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
@@ -54,6 +55,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
                                       settings.retry_after_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: an unauthenticated request costs nothing.
+    app.add_middleware(BearerAuth, keys=settings.api_keys)
     app.include_router(openai_router)
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
 

@@ -46,6 +46,9 @@ class GatewaySettings(BaseSettings):
     # long to finish; the rest are told to come back after `drain_retry_ms`.
     drain_grace_s: float = Field(10.0, ge=0)
     drain_retry_ms: int = Field(1000, ge=0)
+    # Bearer keys accepted on /v1/* and /ws (services/gateway/auth.py). Empty: no
+    # auth (the lab's default). As an env var, a JSON list: '["sk-lab-1"]'.
+    api_keys: list[str] = Field(default_factory=list, repr=False)
     # Model name reported in responses.
     model_name: str = "streamlab-fake"
 
