@@ -10,18 +10,66 @@ The official `toxiproxy-cli` keeps working against the same server.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import httpx
 
 Direction = Literal["upstream", "downstream"]
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+
+# Every toxic type Toxiproxy v2.12 has, with its attributes (all integers) and
+# what each one means. The CLI validates against this before calling the API,
+# because Toxiproxy silently ignores attribute names it does not know.
+TOXIC_TYPES: dict[str, dict[str, str]] = {
+    "latency": {"latency": "ms added to every chunk", "jitter": "± ms, random per chunk"},
+    "bandwidth": {"rate": "KB/s at most"},
+    "slow_close": {"delay": "ms to wait before passing a close on"},
+    "timeout": {"timeout": "ms until the connection is closed; 0 = black hole, never closed"},
+    "reset_peer": {"timeout": "ms until a TCP RST, counted from the next chunk"},
+    "slicer": {"average_size": "bytes per slice", "size_variation": "± bytes",
+               "delay": "µs between slices"},
+    "limit_data": {"bytes": "bytes passed before the connection is closed"},
+}
 
 
 class ToxiproxyError(Exception):
+    """Toxiproxy refused an operation (status_code > 0) or could not be reached (0)."""
+
     def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"toxiproxy answered {status_code}: {message}")
+        where = f"answered {status_code}" if status_code else "unreachable"
+        super().__init__(f"toxiproxy {where}: {message}")
         self.status_code = status_code
+
+
+class ToxicSpecError(ValueError):
+    """A toxic's type or attributes are not what Toxiproxy understands."""
+
+
+def parse_attributes(toxic_type: str, pairs: list[str]) -> dict[str, int]:
+    """`["latency=500", "jitter=50"]` → `{"latency": 500, "jitter": 50}`, checked
+    against the type's known attributes."""
+    known = TOXIC_TYPES.get(toxic_type)
+    if known is None:
+        raise ToxicSpecError(
+            f"unknown toxic type {toxic_type!r}; one of: {', '.join(TOXIC_TYPES)}")
+    attributes: dict[str, int] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ToxicSpecError(f"attribute {pair!r} is not key=value")
+        if key not in known:
+            raise ToxicSpecError(
+                f"{toxic_type} has no attribute {key!r}; it has: {', '.join(known)}")
+        try:
+            attributes[key] = int(value)
+        except ValueError as exc:
+            raise ToxicSpecError(f"attribute {key}={value!r} is not an integer") from exc
+        if attributes[key] < 0:
+            raise ToxicSpecError(f"attribute {key}={value} must not be negative")
+    return attributes
 
 
 @dataclass(frozen=True)
@@ -60,8 +108,17 @@ class Toxiproxy:
     def close(self) -> None:
         self._http.close()
 
+    def __enter__(self) -> Toxiproxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _call(self, method: str, path: str, json: Any = None) -> Any:
-        response = self._http.request(method, path, json=json)
+        try:
+            response = self._http.request(method, path, json=json)
+        except httpx.HTTPError as exc:
+            raise ToxiproxyError(0, f"{self._http.base_url}: {exc!r}") from exc
         if response.status_code >= 400:
             try:
                 message = response.json().get("error", response.text)
@@ -88,7 +145,14 @@ class Toxiproxy:
         """Enable every proxy and remove every toxic."""
         self._call("POST", "/reset")
 
+    def proxy(self, name: str) -> dict[str, Any]:
+        """One proxy with its toxics (`enabled`, `listen`, `upstream`, `toxics`)."""
+        result: dict[str, Any] = self._call("GET", f"/proxies/{name}")
+        return result
+
     def set_enabled(self, proxy: str, enabled: bool) -> None:
+        """Disabling closes every open connection of the proxy and refuses new
+        ones: a deterministic cut in the middle of a stream."""
         self._call("POST", f"/proxies/{proxy}", {"enabled": enabled})
 
     def toxics(self, proxy: str) -> list[dict[str, Any]]:
@@ -109,6 +173,19 @@ class Toxiproxy:
 
     def remove_toxic(self, proxy: str, name: str) -> None:
         self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
+
+    @contextmanager
+    def toxic(self, proxy: str, toxic: Toxic) -> Iterator[dict[str, Any]]:
+        """The toxic while the block runs, removed after it (even on error)."""
+        added = self.add_toxic(proxy, toxic)
+        try:
+            yield added
+        finally:
+            try:
+                self.remove_toxic(proxy, str(added["name"]))
+            except ToxiproxyError as exc:
+                if exc.status_code != 404:  # already gone (a reset) is fine
+                    raise
 
     def metrics(self) -> str:
         """Prometheus text from `-proxy-metrics` (bytes per proxy and direction)."""
