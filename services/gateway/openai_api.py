@@ -6,7 +6,11 @@ timing for this one request, so tests and scenarios need no restarts:
 
     "streamlab": {"prefill_ms": 300, "token_gap_ms": 50, "answer_tokens": 20,
                   "pauses": [{"after_token": 4, "pause_ms": 3000}],
-                  "request_id": "my-id"}
+                  "request_id": "my-id", "heartbeat_s": 0.5}
+
+`heartbeat_s` overrides the gateway's `: ping` interval for this one stream
+(0 turns pings off), so a scenario can show an idle cut and its fix on the
+same running gateway.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ class StreamlabOptions(BaseModel):
     # How the gateway relays this stream (services/gateway/relay.py); the
     # detached mode is the seed's anti-pattern, for broken-vs-fixed contrasts.
     relay: RelayMode = "direct"
+    # Floor of 50 ms: a smaller interval is a ping flood, not a heartbeat.
+    heartbeat_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
+
+    def heartbeat_or(self, default_s: float) -> float:
+        if self.heartbeat_s is None:
+            return default_s
+        return 0.0 if self.heartbeat_s == 0 else max(self.heartbeat_s, 0.05)
 
 
 class Message(BaseModel):

@@ -34,7 +34,12 @@ from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamLimiter, client_key
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter, completion
+from services.gateway.openai_api import (
+    ChatCompletionRequest,
+    ChunkWriter,
+    StreamlabOptions,
+    completion,
+)
 from services.gateway.relay import Relay, open_relay
 from services.gateway.settings import GatewaySettings
 
@@ -107,7 +112,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
                 metrics, settings.drain_retry_ms),
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        ping=settings.heartbeat_s,
+        ping=(body.streamlab or StreamlabOptions()).heartbeat_or(settings.heartbeat_s),
         ping_message_factory=ping,
         sep="\n",
         # A client that accepts no bytes for this long is cut, and its
