@@ -14,7 +14,7 @@ import json
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,8 @@ class Lab:
         state = {
             "ports": self.ports.model_dump(),
             "services": {n: {"pid": r.pid, "log": str(r.log)} for n, r in self.running.items()},
+            # Scenarios attached from another process read the idle timeouts here.
+            "nginx": asdict(self.options.nginx),
         }
         (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -211,7 +213,8 @@ class Lab:
     def attach(cls, run_dir: Path) -> Lab:
         """The lab that `streamlab up` left running in run_dir."""
         state = json.loads((run_dir / "state.json").read_text())
-        lab = cls(Ports(**state["ports"]), LabOptions(run_dir=run_dir))
+        nginx_options = nginx.NginxOptions(**state.get("nginx", {}))
+        lab = cls(Ports(**state["ports"]), LabOptions(run_dir=run_dir, nginx=nginx_options))
         specs = {name: ServiceSpec(name, []) for name in ORDER}
         for name, entry in state["services"].items():
             lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))
