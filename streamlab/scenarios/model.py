@@ -1,0 +1,140 @@
+"""What a scenario is: data. A name, a setup per mode, what to measure, and
+what "broken" and "fixed" look like as checks on the measured figures.
+
+    Scenario
+      ├── measure        async (lab, setup, timing) -> Figures   (measures.py)
+      ├── broken: Variant(setup, expect=[Check, ...], story)
+      └── fixed:  Variant(setup, expect=[Check, ...], story)
+
+A check names a figure, a comparison and a bound; a bound may be a function
+of the (scaled) timing, so "TTFT ≤ prefill + 2 gaps + tolerance" stays true
+when the time constants change. Adding a scenario is adding one `Scenario(...)`
+to catalogue.py, plus a measure function when none of the existing ones
+records what it needs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from streamlab.toxiproxy import Toxic
+
+if TYPE_CHECKING:
+    from streamlab.lab import Lab
+
+Mode = Literal["broken", "fixed"]
+MODES: tuple[Mode, ...] = ("broken", "fixed")
+Figure = float | int | bool | str | None
+Figures = dict[str, Figure]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The scaled-down time constants (the seed's 2 s stands in for 60 s)."""
+
+    prefill_ms: int = 300
+    gap_ms: int = 50
+    tokens: int = 20
+    idle_timeout_s: float = 2.0  # nginx /short-timeout/ proxy_read_timeout (the lab's own)
+    think_s: float = 4.0  # a think pause longer than the idle timeout
+    heartbeat_s: float = 0.5  # `: ping` interval when a scenario turns pings on
+    watchdog_s: float = 1.0  # the client's read timeout when it has a watchdog
+    tolerance_s: float = 0.3  # slack for a shared, busy machine
+
+    @property
+    def prefill_s(self) -> float:
+        return self.prefill_ms / 1000
+
+    @property
+    def gap_s(self) -> float:
+        return self.gap_ms / 1000
+
+    @property
+    def model_ttft_s(self) -> float:
+        """When the fake model emits its first token: prefill, then one gap."""
+        return self.prefill_s + self.gap_s
+
+    @property
+    def model_total_s(self) -> float:
+        return self.prefill_s + self.tokens * self.gap_s
+
+
+Op = Literal["<", "<=", ">", ">=", "==", "!="]
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
+}
+Bound = float | int | bool | str | None | Callable[[Timing], float]
+
+
+@dataclass(frozen=True)
+class Check:
+    figure: str
+    op: Op
+    bound: Bound
+    why: str = ""
+
+    def limit(self, timing: Timing) -> Figure:
+        return self.bound(timing) if callable(self.bound) else self.bound
+
+    def describe(self, timing: Timing) -> str:
+        limit = self.limit(timing)
+        shown = f"{limit:.3g}" if isinstance(limit, float) else repr(limit)
+        return f"{self.figure} {self.op} {shown}"
+
+    def holds(self, figures: Mapping[str, Figure], timing: Timing) -> bool:
+        if self.figure not in figures:
+            return False
+        value, limit = figures[self.figure], self.limit(timing)
+        if value is None and self.op not in ("==", "!="):
+            return False  # e.g. no TTFT at all: no ordering claim can hold
+        try:
+            return bool(_OPS[self.op](value, limit))
+        except TypeError:
+            return False
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a mode changes. Per-request knobs and nginx locations only:
+    no service restarts, so a scenario runs against any lab that is up."""
+
+    toxics: tuple[tuple[str, Toxic], ...] = ()  # (hop, toxic)
+    location: str = "/"  # nginx location (see proxies/nginx/nginx.conf.template)
+    accept_encoding: str = "identity"  # "gzip" to let nginx compress
+    heartbeat: Literal["gateway", "off", "on"] = "gateway"  # on = Timing.heartbeat_s
+    think_pause: bool = False  # pause Timing.think_s after token THINK_AFTER_TOKEN
+    # Client read timeout = Timing.watchdog_s; without it the client has none at
+    # all and the harness calls it hung a few watchdog periods past the end.
+    watchdog: bool = False
+    parser: Literal["sse", "naive"] = "sse"  # naive: one event per read (the classic bug)
+    read_pause_s: float = 0.0  # a slow consumer: pause between reads
+
+
+THINK_AFTER_TOKEN = 2
+
+
+@dataclass(frozen=True)
+class Variant:
+    setup: Setup
+    expect: tuple[Check, ...]
+    story: str
+
+
+Measure = Callable[["Lab", Setup, Timing], Awaitable[Figures]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    measure: Measure
+    broken: Variant
+    fixed: Variant
+    shown: tuple[str, ...] = field(default=())  # figures to show first, in this order
+
+    def variant(self, mode: Mode) -> Variant:
+        return self.broken if mode == "broken" else self.fixed

@@ -1,0 +1,93 @@
+"""Runs one scenario in one mode against a lab that is up, and judges it.
+
+The runner owns the toxics: it resets Toxiproxy, applies the mode's toxics,
+measures, and resets again on every exit path, so a failed run leaves the lab
+clean. A mode's outcome is *as expected* when all of its checks hold; it
+*discriminates* when the other mode's checks fail on the same figures, which
+is what proves a check would catch the thing it is about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from streamlab.lab import Lab
+from streamlab.scenarios.model import MODES, Check, Figures, Mode, Scenario, Timing
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: Check
+    description: str
+    holds: bool
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    mode: Mode
+    story: str
+    figures: Figures
+    checks: list[CheckResult] = field(default_factory=list)
+    other_mode_checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def as_expected(self) -> bool:
+        return all(c.holds for c in self.checks)
+
+    @property
+    def discriminates(self) -> bool:
+        """The other mode's checks do not all pass here."""
+        return not all(c.holds for c in self.other_mode_checks)
+
+    @property
+    def verdict(self) -> str:
+        if not self.as_expected:
+            return "UNEXPECTED"
+        return "broke as expected" if self.mode == "broken" else "works as expected"
+
+    def explain(self) -> str:
+        lines = [f"{self.scenario} [{self.mode}] {self.verdict}: {self.story}"]
+        lines += [f"  {'ok  ' if c.holds else 'FAIL'} {c.description}" for c in self.checks]
+        lines += [f"  figures: {self.figures}"]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario, "mode": self.mode, "story": self.story,
+            "verdict": self.verdict, "as_expected": self.as_expected,
+            "discriminates": self.discriminates, "figures": self.figures,
+            "checks": [{"check": c.description, "holds": c.holds, "why": c.check.why}
+                       for c in self.checks],
+        }
+
+
+def timing_for(lab: Lab, **overrides: Any) -> Timing:
+    """The default timing, with the idle timeout the lab's nginx really has and a
+    think pause twice as long (unless overridden)."""
+    idle = lab.options.nginx.short_read_timeout_s
+    timing = replace(Timing(), idle_timeout_s=idle, think_s=2 * idle)
+    return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def judge(checks: tuple[Check, ...], figures: Figures, timing: Timing) -> list[CheckResult]:
+    return [CheckResult(c, c.describe(timing), c.holds(figures, timing)) for c in checks]
+
+
+async def run(lab: Lab, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
+    variant = scenario.variant(mode)
+    other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
+    with lab.toxiproxy() as toxiproxy:
+        toxiproxy.reset()
+        try:
+            for hop, toxic in variant.setup.toxics:
+                toxiproxy.add_toxic(hop, toxic)
+            figures = await scenario.measure(lab, variant.setup, timing)
+        finally:
+            toxiproxy.reset()
+    return Outcome(
+        scenario=scenario.name, mode=mode, story=variant.story, figures=figures,
+        checks=judge(variant.expect, figures, timing),
+        other_mode_checks=judge(scenario.variant(other).expect, figures, timing),
+    )
