@@ -44,12 +44,11 @@ def expected_total_s(setup: Setup, timing: Timing) -> float:
 
 
 def hang_deadline_s(setup: Setup, timing: Timing) -> float:
-    """How long the harness waits before calling the client hung. Without a
-    watchdog: three watchdog periods past the expected end is proof enough."""
+    """How long the harness waits before calling the client hung (Setup.patience)."""
     expected = expected_total_s(setup, timing)
-    if setup.watchdog:
-        return 2 * expected + 10.0
-    return expected + 3 * timing.watchdog_s + timing.tolerance_s
+    if setup.patience == "short":
+        return expected + 3 * timing.watchdog_s + timing.tolerance_s
+    return 2 * expected + 10.0
 
 
 def _log_count(path: Path, *needles: str) -> int:

@@ -9,11 +9,12 @@ is what proves a check would catch the thing it is about.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamlab.lab import Lab
-from streamlab.scenarios.model import MODES, Check, Figures, Mode, Scenario, Timing
+from streamlab.scenarios.model import MODES, Check, Figure, Figures, Mode, Scenario, Timing
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def timing_for(lab: Lab, **overrides: Any) -> Timing:
     return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def judge(checks: tuple[Check, ...], figures: Figures, timing: Timing) -> list[CheckResult]:
+def judge(checks: tuple[Check, ...], figures: Mapping[str, Figure], timing: Timing
+          ) -> list[CheckResult]:
     return [CheckResult(c, c.describe(timing), c.holds(figures, timing)) for c in checks]
 
 

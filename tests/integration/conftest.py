@@ -9,14 +9,16 @@ into the next.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from streamlab.lab import Lab, LabOptions
 from streamlab.topology import Ports
+from streamlab.toxiproxy import Toxic, Toxiproxy
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +106,21 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     timeout = httpx.Timeout(10.0, connect=5.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         yield client
+
+
+# ---- Toxiproxy as a Python API, for tests ---------------------------------------------
+@pytest.fixture
+def toxiproxy(lab: Lab) -> Iterator[Toxiproxy]:
+    """A client for the lab's Toxiproxy (`add_toxic`, `set_enabled`, `toxic(...)`, ...)."""
+    with lab.toxiproxy() as client:
+        yield client
+
+
+AddToxic = Callable[[str, Toxic], dict[str, Any]]
+
+
+@pytest.fixture
+def add_toxic(toxiproxy: Toxiproxy) -> AddToxic:
+    """`add_toxic("edge", Toxic("latency", {"latency": 300}))`; gone after the test
+    (the autouse reset also re-enables every hop)."""
+    return toxiproxy.add_toxic

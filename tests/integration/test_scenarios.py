@@ -1,0 +1,38 @@
+"""Every scenario of the catalogue, in both modes, against the real lab.
+
+One test per scenario and mode, driven from the data in
+streamlab/scenarios/catalogue.py: a new scenario there is a new pair of tests
+here. Each test asserts two things:
+
+1. the mode's own checks hold on what was measured (the broken setup really
+   breaks, the fixed one really works);
+2. the *other* mode's checks fail on the same figures. That is the proof that
+   no test passes when the thing it checks is broken: the fixed test's checks,
+   run against the broken configuration, fail (and the other way round).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlab.lab import Lab
+from streamlab.scenarios import CATALOGUE, MODES, Mode, Scenario, run, timing_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+# More slack than the CLI's default: the suite shares two cores with other suites.
+TOLERANCE_S = 0.5
+
+CASES = [pytest.param(scenario, mode, id=f"{name}-{mode}")
+         for name, scenario in CATALOGUE.items() for mode in MODES]
+
+
+@pytest.mark.parametrize(("scenario", "mode"), CASES)
+async def test_scenario_comes_out_as_expected(lab: Lab, scenario: Scenario, mode: Mode) -> None:
+    outcome = await run(lab, scenario, mode, timing_for(lab, tolerance_s=TOLERANCE_S))
+
+    assert outcome.as_expected, outcome.explain()
+    other = "fixed" if mode == "broken" else "broken"
+    assert outcome.discriminates, (
+        f"the {other} checks also pass on the {mode} setup, so they cannot tell the two "
+        f"apart:\n{outcome.explain()}")

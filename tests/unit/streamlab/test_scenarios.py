@@ -1,0 +1,55 @@
+"""The scenario catalogue's data and the checks' logic (no lab needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlab.scenarios import CATALOGUE, MODES, Check, Timing
+from streamlab.scenarios.model import Figure
+from streamlab.scenarios.runner import judge
+from streamlab.toxiproxy import TOXIC_TYPES
+
+TIMING = Timing()
+HOPS = {"edge", "upstream", "engine"}
+
+
+def test_catalogue_has_the_issues_scenarios() -> None:
+    assert {"buffering", "idle-cut", "client-watchdog", "websocket-upgrade", "slicer",
+            "latency-edge", "latency-upstream", "latency-engine",
+            "bandwidth"} <= set(CATALOGUE)
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_each_scenario_is_complete_data(name: str) -> None:
+    scenario = CATALOGUE[name]
+    assert scenario.name == name
+    for mode in MODES:
+        variant = scenario.variant(mode)
+        assert variant.expect, f"{name} {mode} has no checks: it could never fail"
+        assert variant.story
+        for hop, toxic in variant.setup.toxics:
+            assert hop in HOPS
+            assert set(toxic.attributes) <= set(TOXIC_TYPES[toxic.type])
+    assert scenario.broken.setup != scenario.fixed.setup, "the two modes must differ"
+
+
+def test_a_check_bound_can_follow_the_timing() -> None:
+    check = Check("ttft_s", "<=", lambda t: t.prefill_s + 2 * t.gap_s + t.tolerance_s)
+    assert check.holds({"ttft_s": 0.6}, Timing(prefill_ms=300, gap_ms=50, tolerance_s=0.3))
+    assert not check.holds({"ttft_s": 0.6}, Timing(prefill_ms=100, gap_ms=50, tolerance_s=0.3))
+    assert check.describe(Timing(tolerance_s=0.3)) == "ttft_s <= 0.7"
+
+
+@pytest.mark.parametrize("figures", [{}, {"ttft_s": None}, {"ttft_s": "n/a"}])
+def test_a_missing_or_unordered_figure_fails_the_check(figures: dict[str, Figure]) -> None:
+    assert not Check("ttft_s", "<=", 1.0).holds(figures, TIMING)
+
+
+def test_buffering_checks_tell_a_lump_from_a_stream() -> None:
+    lump = {"first_byte_share": 0.99, "ttft_s": 1.33, "done": True}
+    stream = {"first_byte_share": 0.28, "ttft_s": 0.37, "done": True}
+    scenario = CATALOGUE["buffering"]
+    assert all(r.holds for r in judge(scenario.broken.expect, lump, TIMING))
+    assert not all(r.holds for r in judge(scenario.fixed.expect, lump, TIMING))
+    assert all(r.holds for r in judge(scenario.fixed.expect, stream, TIMING))
+    assert not all(r.holds for r in judge(scenario.broken.expect, stream, TIMING))
