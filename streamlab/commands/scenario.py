@@ -43,6 +43,8 @@ def run_command(
     fixed: Annotated[bool, typer.Option("--fixed", help="Only the fixed setup.")] = False,
     both: Annotated[bool, typer.Option("--both", help="Both (the default).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    all_figures: Annotated[bool, typer.Option(
+        "--all-figures", help="Every measured figure, not only the scenario's own.")] = False,
     run_dir: RunDir = DEFAULT_RUN_DIR,
     prefill_ms: Annotated[int | None, typer.Option(help="Fake model prefill.")] = None,
     gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
@@ -75,7 +77,7 @@ def run_command(
             for mode in modes:
                 outcomes.append(await run(lab, scenario, mode, timing))
             if not as_json:
-                print_outcomes(scenario, outcomes[-len(modes):])
+                print_outcomes(scenario, outcomes[-len(modes):], all_figures)
         return outcomes
 
     try:
@@ -99,13 +101,15 @@ def _format(value: Figure) -> str:
     return str(value)
 
 
-def print_outcomes(scenario: Scenario, outcomes: list[Outcome]) -> None:
+def print_outcomes(scenario: Scenario, outcomes: list[Outcome], all_figures: bool) -> None:
     table = Table(title=f"{scenario.name}: {scenario.summary}", title_justify="left")
     table.add_column("figure")
     for outcome in outcomes:
         table.add_column(outcome.mode)
-    names = list(scenario.shown) + sorted(
-        {k for o in outcomes for k in o.figures} - set(scenario.shown))
+    checked = [c.check.figure for o in outcomes for c in o.checks]
+    names = list(dict.fromkeys([*scenario.shown, *checked]))  # ordered, no repeats
+    if all_figures or not names:
+        names += sorted({k for o in outcomes for k in o.figures} - set(names))
     for figure in names:
         table.add_row(figure, *(_format(o.figures.get(figure)) for o in outcomes))
     table.add_section()

@@ -100,7 +100,7 @@ async def sse_stream(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         done=result.done,
         error_code=str(error.get("code") or ""),
         client_error=_short(str(error.get("message", "")).removeprefix("connection failed: "),
-                            90) if error else "",
+                            120) if error else "",
         first_byte_s=result.first_byte_s,
         ttft_s=result.ttft_s,
         total_s=total,
