@@ -113,6 +113,9 @@ class Setup:
     # any plausible end; "short" is three watchdog periods past the expected end,
     # which is proof enough that a client without a watchdog would wait forever.
     patience: Literal["long", "short"] = "long"
+    # Settings only one measure function understands (e.g. when to close the
+    # client), so a new scenario family needs no new field here.
+    knobs: Mapping[str, Figure] = field(default_factory=dict)
     parser: Literal["sse", "naive"] = "sse"  # naive: one event per read (the classic bug)
     read_pause_s: float = 0.0  # a slow consumer: pause between reads
 
