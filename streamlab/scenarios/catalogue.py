@@ -8,7 +8,10 @@ from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_cha
 from streamlab.scenarios.model import Check, Scenario, Setup, Timing, Variant
 from streamlab.toxiproxy import Toxic
 
-LATENCY_MS = 1000  # well above the tolerance, so shifted and unshifted never overlap
+# Above the tolerance, so shifted and unshifted TTFTs never overlap, and below
+# the gateway's gRPC keepalive timeout (1 s in the test lab): a ping answered
+# later than that makes the gateway declare the engine hop dead ("ping timeout").
+LATENCY_MS = 600
 SLOW_RATE_KB_S = 1  # below what a 20 tokens/s stream needs (~3 KB/s)
 FAST_RATE_KB_S = 64  # far above it
 
