@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.scenarios import CATALOGUE, MODES, Mode, Outcome, Scenario, run, timing_for
-from streamlab.scenarios.model import Figure
 from streamlab.toxiproxy import ToxiproxyError
+
+if TYPE_CHECKING:
+    from streamlab.scenarios import Mode, Outcome, Scenario
+    from streamlab.scenarios.model import Figure
+
+# The catalogue (and the websockets client its measures use) is imported inside
+# the commands: every `streamlab ...` start would otherwise pay for it.
 
 app = typer.Typer(help="Reproduce each streaming failure, broken and fixed, and measure it.",
                   no_args_is_help=True)
@@ -29,6 +34,8 @@ err = Console(stderr=True)
 @app.command("list")
 def list_scenarios() -> None:
     """Every scenario, and what its broken and fixed setups are."""
+    from streamlab.scenarios import CATALOGUE
+
     table = Table("scenario", "what it shows", "broken", "fixed")
     for scenario in CATALOGUE.values():
         table.add_row(scenario.name, scenario.summary, scenario.broken.story,
@@ -60,6 +67,8 @@ def run_command(
 
     Exits 0 only when every verdict is as expected: the broken setup broke and
     the fixed one worked."""
+    from streamlab.scenarios import CATALOGUE, MODES, run, timing_for
+
     if name != "all" and name not in CATALOGUE:
         err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(CATALOGUE)}, all")
         raise typer.Exit(2)
