@@ -52,8 +52,11 @@ def _latency(hop: str) -> Scenario:
         broken=Variant(
             Setup(toxics=((hop, toxic),)),
             (Check("ttft_shift_s", ">=", latency_s - 0.05, "at least the added latency"),
-             Check("ttft_shift_s", "<=", lambda t: latency_s + t.tolerance_s,
-                   "and not much more: toxiproxy pipelines, it does not add up per token"),
+             # Typically latency + 30 ms; the bound is loose because a loaded CI
+             # machine once added 0.6 s more on the engine hop. What it rules
+             # out is the latency adding up per chunk (20 tokens: 12 s).
+             Check("ttft_shift_s", "<=", lambda t: 2 * latency_s + t.tolerance_s,
+                   "not one latency per chunk: toxiproxy delays the stream as a whole"),
              Check("done", "==", True)),
             f"latency toxic ({LATENCY_MS} ms, downstream) on {hop}"),
         fixed=Variant(
