@@ -162,8 +162,15 @@ class Lab:
         processes.wait_ready(running)
 
     def start_service(self, name: str) -> None:
+        """(Re)start one service and wait until the whole chain serves again:
+        its own probe is not enough (nginx may still hold keep-alive
+        connections to a gateway that is gone; the probe through the edge
+        flushes them)."""
         self._start(self.specs()[name])
         self.save_state()
+        processes.wait_until(lambda: _http_ok(f"{self.edge_url}/readyz"), 15.0,
+                             "the chain (edge /readyz)",
+                             log_hint=lambda: f"see logs in {self.run_dir / 'logs'}")
 
     def stop_service(self, name: str, grace_s: float = 10.0) -> None:
         running = self.running.pop(name, None)

@@ -73,10 +73,12 @@ async def stream_until_fault(lab: Lab, http: httpx.AsyncClient, fault: Fault,
         result.append(await stream_chat(
             http, f"{lab.edge_url}/v1/chat/completions", body,
             headers={"X-Request-Id": request_id}, on_token=on_token))
+        if not third.is_set():  # ended before any token: say why, do not time out
+            pytest.fail(f"stream ended before the fault was injected: {result[-1].error}")
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(run)
-        with anyio.fail_after(5):
+        with anyio.fail_after(10):
             await third.wait()
         await anyio.to_thread.run_sync(fault.inject, lab)
         injected_at = time.monotonic()

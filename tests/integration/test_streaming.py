@@ -38,7 +38,9 @@ async def test_tokens_stream_through_the_full_chain(lab: Lab, http: httpx.AsyncC
     assert PREFILL_MS / 1000 <= result.ttft_s < (PREFILL_MS + 4 * GAP_MS) / 1000
     assert result.ttft_s < 0.5 * result.total_s
     gaps = [b - a for a, b in zip(result.token_times, result.token_times[1:], strict=False)]
-    assert statistics.median(gaps) == pytest.approx(GAP_MS / 1000, abs=0.02)
+    # Tokens arrive one gap apart (a relay that batched them would show ~0);
+    # wide bounds, since the machine may be busy.
+    assert 0.5 * GAP_MS / 1000 <= statistics.median(gaps) <= 2 * GAP_MS / 1000
 
     # Same text, same order, as the whole (non-streamed) completion of the request.
     whole = await http.post(completions(lab.gateway_url),
@@ -119,7 +121,7 @@ async def test_think_pause_is_filled_with_heartbeats(lab: Lab, http: httpx.Async
     assert result.error is None
     assert len(result.texts) == 5
     silent_from, silent_to = result.token_times[1], result.token_times[2]
-    assert silent_to - silent_from >= pause_s
+    assert silent_to - silent_from >= 0.9 * pause_s
     pings = [t for t in result.ping_times if silent_from < t < silent_to]
     assert len(pings) >= int(pause_s / TEST_HEARTBEAT_S) - 2
     assert max(b - a for a, b in zip([silent_from, *pings], [*pings, silent_to],
