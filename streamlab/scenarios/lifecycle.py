@@ -1,0 +1,162 @@
+"""Scenarios about a stream's life after the client: who stops the engine when
+the client leaves, what a reader that stops reading costs, and whether a cut
+connection can pick up where it fell off.
+
+    abandoned-tab  the client leaves after 3 tokens: does the engine stop?
+    slow-reader    the client stops reading: does the engine pause, or run on?
+    resume         the edge cuts the connection mid-stream: is anything lost?
+
+Broken and fixed differ by one per-request knob (the gateway's relay mode) or
+by the client (resuming or not), so they run against any lab that is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+
+from services.client.openai_stream import chat_body, stream_chat
+from services.client.silent import open_silent_reader
+from streamlab import resume_scenario
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.lab import Lab
+from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
+
+LEAVE_AFTER = 3
+FLOOD_TOKENS = 20_000
+
+
+async def _record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
+    end = time.monotonic() + timeout_s
+    record = None
+    while time.monotonic() < end:
+        records = await asyncio.to_thread(lab.engine_stats, rid)
+        record = records.generations[0] if records.generations else None
+        if record is not None and record.state != pb.GENERATION_STATE_RUNNING:
+            return record
+        await asyncio.sleep(0.05)
+    return record
+
+
+async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    relay = str(setup.knobs.get("relay", "direct"))
+    rid = f"scenario-abandon-{uuid.uuid4().hex[:8]}"
+    body = chat_body("write an essay", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
+                     answer_tokens=timing.tokens, relay=relay)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+        result = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions", body,
+                                   headers={"X-Request-Id": rid}, stop_after_tokens=LEAVE_AFTER)
+    left_at = result.left_at or time.monotonic()
+    record = await _record_when_done(lab, rid, timing.model_total_s + 5)
+    cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
+    return {
+        "client_tokens": len(result.texts),
+        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
+            "GENERATION_STATE_").lower() if record else None,
+        "tokens_generated": record.tokens_generated if record else None,
+        "tokens_after_client_left": (record.tokens_generated - len(result.texts)
+                                     if record else None),
+        "tokens_after_cancel": record.tokens_after_cancel if record else None,
+        "cancel_latency_ms": (round((record.cancelled_at - left_at) * 1000, 1)
+                              if record and cancelled else None),
+    }
+
+
+async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    """A client that sends its request and never reads, straight at the gateway
+    (through the whole chain, every hop's socket buffers would hold megabytes first)."""
+    relay = str(setup.knobs.get("relay", "direct"))
+    rid = f"scenario-slow-{uuid.uuid4().hex[:8]}"
+    body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=FLOOD_TOKENS,
+                     max_tokens=FLOOD_TOKENS, relay=relay)
+    sock = await asyncio.to_thread(open_silent_reader, lab.ports.host, lab.ports.gateway_port,
+                                   "/v1/chat/completions", body, {"X-Request-Id": rid})
+    paused_at: int | None = None
+    try:
+        last, still_since = -1, time.monotonic()
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            records = (await asyncio.to_thread(lab.engine_stats, rid)).generations
+            if records:
+                record = records[0]
+                if record.state != pb.GENERATION_STATE_RUNNING:
+                    break
+                if record.tokens_generated != last:
+                    last, still_since = record.tokens_generated, time.monotonic()
+                elif time.monotonic() - still_since >= 1.0:
+                    paused_at = last  # no progress for a second: flow control holds it
+                    break
+            await asyncio.sleep(0.1)
+    finally:
+        sock.close()
+    final = await _record_when_done(lab, rid, 10)
+    return {
+        "paused_by_flow_control": paused_at is not None,
+        "paused_at_tokens": paused_at,
+        "tokens_generated": final.tokens_generated if final else None,
+        "engine_state": pb.GenerationState.Name(final.state).removeprefix(
+            "GENERATION_STATE_").lower() if final else None,
+    }
+
+
+async def resume_cut(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    mode: resume_scenario.Mode = "fixed" if setup.knobs.get("resume") else "broken"
+    return await resume_scenario.measure(lab, mode, resume_scenario.ResumeTiming())
+
+
+def _resume_checks(mode: resume_scenario.Mode) -> tuple[Check, ...]:
+    return tuple(Check(c.figure, c.op, c.bound, c.why)  # type: ignore[arg-type]
+                 for c in resume_scenario.EXPECT[mode])
+
+
+LIFECYCLE: tuple[Scenario, ...] = (
+    Scenario(
+        name="abandoned-tab",
+        summary="the client leaves after 3 tokens; the engine must stop, not write on for nobody",
+        measure=abandoned_tab,
+        broken=Variant(
+            Setup(knobs={"relay": "detached_unbounded"}),
+            (Check("engine_state", "==", "completed", "the engine wrote the whole answer"),
+             Check("tokens_generated", "==", lambda t: t.tokens, "every token, for nobody")),
+            "relay: detached_unbounded (a background task nobody cancels)"),
+        fixed=Variant(
+            Setup(knobs={"relay": "direct"}),
+            (Check("engine_state", "==", "cancelled"),
+             Check("tokens_after_cancel", "<=", 1, "at most the decode step under way"),
+             Check("cancel_latency_ms", "<", 1000, "the engine heard within a second")),
+            "relay: direct (disconnect → task group cancelled → gRPC call cancelled)"),
+        shown=("client_tokens", "engine_state", "tokens_generated", "tokens_after_client_left",
+               "tokens_after_cancel", "cancel_latency_ms"),
+    ),
+    Scenario(
+        name="slow-reader",
+        summary="a client that stops reading: flow control must pause the engine",
+        measure=slow_reader,
+        broken=Variant(
+            Setup(knobs={"relay": "detached_unbounded"}),
+            (Check("paused_by_flow_control", "==", False, "the engine never slowed down"),
+             Check("tokens_generated", "==", FLOOD_TOKENS, "it wrote everything into memory")),
+            "relay: detached_unbounded (an unbounded queue between engine and client)"),
+        fixed=Variant(
+            Setup(knobs={"relay": "direct"}),
+            (Check("paused_by_flow_control", "==", True),
+             Check("tokens_generated", "<", FLOOD_TOKENS // 2, "stopped early"),
+             Check("engine_state", "==", "cancelled", "and cancelled when the client left")),
+            "relay: direct (bounded read-ahead: 16 KiB gRPC window per stream)"),
+        shown=("paused_by_flow_control", "paused_at_tokens", "tokens_generated", "engine_state"),
+    ),
+    Scenario(
+        name="resume",
+        summary="limit_data cuts the edge mid-event: a resuming client loses nothing",
+        measure=resume_cut,
+        broken=Variant(Setup(knobs={"resume": False}), _resume_checks("broken"),
+                       "a client that does not come back (no Last-Event-ID)"),
+        fixed=Variant(Setup(knobs={"resume": True}), _resume_checks("fixed"),
+                      "EventSource-like client: retry:, then Last-Event-ID, replay, live"),
+        shown=("cuts", "connections", "tokens", "missing", "duplicates", "text_equal",
+               "terminal"),
+    ),
+)
