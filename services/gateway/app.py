@@ -18,8 +18,10 @@ from services.gateway.errors import GatewayError
 from services.gateway.limits import BodySizeLimit, StreamLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_routes import router as openai_router
+from services.gateway.polling_routes import router as polling_router
 from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
+from services.gateway.ws_routes import router as ws_router
 
 
 def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
@@ -56,6 +58,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(openai_router)
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
+    app.include_router(polling_router)
+    app.include_router(ws_router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
