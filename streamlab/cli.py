@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from streamlab.commands import bench_cancel, lab, resume, soak
+from streamlab.commands import bench, bench_cancel, lab, resume, soak
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Lab lifecycle: up, down, status, chat (top-level commands).
@@ -13,6 +13,7 @@ app.registered_commands.extend(lab.app.registered_commands)
 app.registered_commands.extend(bench_cancel.app.registered_commands)
 app.registered_commands.extend(soak.app.registered_commands)
 app.add_typer(resume.app, name="resume")
+app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:
