@@ -61,3 +61,43 @@ def markdown(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+RELAY_COLUMNS = ("path", "conc.", "streams", "ok", "TTFT p50", "p90", "p99", "ICL p50",
+                 "ICL p99", "relay CPU ms/1k tok", "engine CPU ms/1k tok", "client CPU ms")
+
+
+def relay_rows(report: dict[str, Any]) -> list[list[str]]:
+    def ms(value: float | None, fmt: str = "{:.1f}") -> str:
+        return "-" if value is None or value != value else fmt.format(value)
+
+    rows = []
+    for c in report["cells"]:
+        engine_k = (c["engine_cpu_ms"] * 1000 / c["tokens"]
+                    if c["engine_cpu_ms"] is not None and c["tokens"] else None)
+        relay = "-" if c["server"] == "engine" else (
+            f"{ms(c['server_cpu_per_1k_tokens_ms'], '{:.0f}')} ({c['server']})")
+        label = c["path"] + (f" @ {c['gap_ms']} ms" if c["gap_ms"] != report["timing"][
+            "token_gap_ms"] else "")
+        rows.append([label, str(c["concurrency"]), str(c["streams"]), str(c["completed"]),
+                     ms(c["ttft_ms"]["p50"]), ms(c["ttft_ms"]["p90"]), ms(c["ttft_ms"]["p99"]),
+                     ms(c["icl_ms"]["p50"]), ms(c["icl_ms"]["p99"]), relay,
+                     ms(engine_k, "{:.0f}"), ms(c["client_cpu_ms"], "{:.0f}")])
+    return rows
+
+
+TARGET_COLUMNS = ("target", "measured", "met")
+
+
+def target_rows(report: dict[str, Any]) -> list[list[str]]:
+    return [[t["target"], f"{t['measured']:g} {t['unit']}", "yes" if t["met"] else "NO"]
+            for t in report["targets"]]
+
+
+def plain_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i > 0)
+    for row in rows:
+        table.add_row(*row)
+    return table

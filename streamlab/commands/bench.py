@@ -80,3 +80,66 @@ def transports(
         print(markdown(TRANSPORT_COLUMNS, transport_rows(report, markup=False)))
         return
     console.print(transports_table(report))
+
+
+@app.command()
+def relay(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")
+                           ] = "1,64",
+    streams_c1: Annotated[int, typer.Option(min=1, help="Streams at concurrency 1.")] = 10,
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 20,
+    gap_ms: Annotated[int, typer.Option(min=1, help="Model's gap between tokens.")] = 50,
+    load_streams: Annotated[int, typer.Option(help="Streams in the inter-chunk load cell "
+                                                   "(0 skips it).")] = 100,
+    load_gap_ms: Annotated[int, typer.Option(min=1, help="Gap in the load cell.")] = 20,
+    load_tokens: Annotated[int, typer.Option(min=2, help="Tokens per load stream.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables.")
+                           ] = False,
+) -> None:
+    """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
+    from streamlab.bench.relay import RelayPath, reference_servers, run_relay
+    from streamlab.bench.tables import (
+        RELAY_COLUMNS,
+        TARGET_COLUMNS,
+        plain_table,
+        relay_rows,
+        target_rows,
+    )
+
+    lab = attached(run_dir)
+    targets = targets_of(lab)
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
+    with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
+        paths = [
+            RelayPath("grpc", "grpc", lab.engine_target, "engine"),
+            RelayPath("gateway", "sse", lab.gateway_url, "gateway"),
+            RelayPath("via nginx", "sse", lab.nginx_url, "gateway"),
+            RelayPath("full chain", "sse", lab.edge_url, "gateway"),
+            RelayPath("floor", "sse", refs["floor"][0], "floor"),
+            RelayPath("naive", "sse", refs["naive"][0], "naive"),
+        ]
+        pids = {"gateway": targets.gateway_pid, "engine": targets.engine_pid,
+                "floor": refs["floor"][1], "naive": refs["naive"][1]}
+        load = (paths[3], load_streams, load_gap_ms, load_tokens) if load_streams else None
+        cells = len(levels) * len(paths) + (1 if load else 0)
+        with _progress() as progress:
+            task = progress.add_task("starting", total=cells)
+
+            def on_cell(label: str) -> None:
+                progress.update(task, description=label)
+                progress.advance(task)
+
+            report = run_relay(paths, pids, timing, levels, streams_c1, load, on_cell).as_json()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    rows, verdicts = relay_rows(report), target_rows(report)
+    if as_markdown:
+        print(markdown(RELAY_COLUMNS, rows) + "\n\n" + markdown(TARGET_COLUMNS, verdicts))
+        return
+    console.print(plain_table(f"Relay overhead · {tokens} tokens, {gap_ms} ms apart · times in "
+                              "ms", RELAY_COLUMNS, rows))
+    console.print(plain_table("Targets", TARGET_COLUMNS, verdicts))
