@@ -40,7 +40,8 @@ from streamlab import processes
 from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
 from streamlab.bench.probes import CpuMeter, cpu_ms
 from streamlab.bench.stats import percentile
-from streamlab.bench.transports import PROMPT, Timing
+from streamlab.bench.transports import PROMPT, Targets, Timing
+from streamlab.lab import Lab
 from streamlab.processes import ServiceSpec
 
 # The issue's targets (see README, "Relay overhead").
@@ -128,6 +129,23 @@ def reference_servers(engine_hop: str, log_dir: Path) -> Iterator[dict[str, tupl
     finally:
         for running in started.values():
             processes.stop(running, grace_s=3.0)
+
+
+def lab_paths(lab: Lab, refs: dict[str, tuple[str, int]]
+              ) -> tuple[list[RelayPath], dict[str, int | None]]:
+    """The six paths of the comparison, and the pid whose CPU each one charges."""
+    targets = Targets.of(lab)
+    paths = [
+        RelayPath("grpc", "grpc", lab.engine_target, "engine"),
+        RelayPath("gateway", "sse", lab.gateway_url, "gateway"),
+        RelayPath("via nginx", "sse", lab.nginx_url, "gateway"),
+        RelayPath("full chain", "sse", lab.edge_url, "gateway"),
+        RelayPath("floor", "sse", refs["floor"][0], "floor"),
+        RelayPath("naive", "sse", refs["naive"][0], "naive"),
+    ]
+    pids = {"gateway": targets.gateway_pid, "engine": targets.engine_pid,
+            "floor": refs["floor"][1], "naive": refs["naive"][1]}
+    return paths, pids
 
 
 def _healthy(url: str) -> Callable[[], bool]:

@@ -33,6 +33,7 @@ from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from streamlab.bench.probes import CpuMeter, WireMeter, cpu_ms
 from streamlab.bench.stats import summary
+from streamlab.lab import Lab
 from streamlab.toxiproxy import Toxiproxy
 
 PROMPT = "tell me about streaming"
@@ -59,6 +60,17 @@ class Targets:
     toxiproxy_url: str
     gateway_pid: int | None
     engine_pid: int | None
+
+    @classmethod
+    def of(cls, lab: Lab) -> Targets:
+        def pid(name: str) -> int | None:
+            running = lab.running.get(name)
+            return running.pid if running else None
+
+        return cls(edge_url=lab.edge_url,
+                   engine_hop=f"{lab.ports.host}:{lab.ports.engine_proxy_port}",
+                   toxiproxy_url=lab.toxiproxy_url, gateway_pid=pid("gateway"),
+                   engine_pid=pid("engine"))
 
 
 @dataclass

@@ -13,22 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from streamlab.bench.tables import TRANSPORT_COLUMNS, markdown, transport_rows, transports_table
 from streamlab.bench.transports import Targets, Timing, run_transports, transport_names
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.lab import Lab
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
-
-
-def targets_of(lab: Lab) -> Targets:
-    def pid(name: str) -> int | None:
-        running = lab.running.get(name)
-        return running.pid if running else None
-
-    return Targets(edge_url=lab.edge_url,
-                   engine_hop=f"{lab.ports.host}:{lab.ports.engine_proxy_port}",
-                   toxiproxy_url=lab.toxiproxy_url, gateway_pid=pid("gateway"),
-                   engine_pid=pid("engine"))
 
 
 def _progress() -> Progress:
@@ -66,7 +54,7 @@ def transports(
             progress.update(task, description=label)
             progress.advance(task)
 
-        report = run_transports(targets_of(lab), timing, repetitions, intervals_ms, gzip,
+        report = run_transports(Targets.of(lab), timing, repetitions, intervals_ms, gzip,
                                 on_run).as_json()
     if plot is not None:
         from streamlab.bench.plot import plot_transports
@@ -99,7 +87,7 @@ def relay(
                            ] = False,
 ) -> None:
     """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
-    from streamlab.bench.relay import RelayPath, reference_servers, run_relay
+    from streamlab.bench.relay import lab_paths, reference_servers, run_relay
     from streamlab.bench.tables import (
         RELAY_COLUMNS,
         TARGET_COLUMNS,
@@ -109,20 +97,11 @@ def relay(
     )
 
     lab = attached(run_dir)
-    targets = targets_of(lab)
+    targets = Targets.of(lab)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
     with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
-        paths = [
-            RelayPath("grpc", "grpc", lab.engine_target, "engine"),
-            RelayPath("gateway", "sse", lab.gateway_url, "gateway"),
-            RelayPath("via nginx", "sse", lab.nginx_url, "gateway"),
-            RelayPath("full chain", "sse", lab.edge_url, "gateway"),
-            RelayPath("floor", "sse", refs["floor"][0], "floor"),
-            RelayPath("naive", "sse", refs["naive"][0], "naive"),
-        ]
-        pids = {"gateway": targets.gateway_pid, "engine": targets.engine_pid,
-                "floor": refs["floor"][1], "naive": refs["naive"][1]}
+        paths, pids = lab_paths(lab, refs)
         load = (paths[3], load_streams, load_gap_ms, load_tokens) if load_streams else None
         cells = len(levels) * len(paths) + (1 if load else 0)
         with _progress() as progress:
