@@ -82,6 +82,9 @@ def relay(
                                                    "(0 skips it).")] = 100,
     load_gap_ms: Annotated[int, typer.Option(min=1, help="Gap in the load cell.")] = 20,
     load_tokens: Annotated[int, typer.Option(min=2, help="Tokens per load stream.")] = 100,
+    only: Annotated[str, typer.Option("--paths", help="Only these paths, comma-separated "
+                                      "(grpc, gateway, via nginx, full chain, floor, naive).")
+                    ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables.")
                            ] = False,
@@ -102,7 +105,11 @@ def relay(
     timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
     with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
         paths, pids = lab_paths(lab, refs)
-        load = (paths[3], load_streams, load_gap_ms, load_tokens) if load_streams else None
+        chain = paths[3]
+        if only:
+            wanted = {name.strip() for name in only.split(",")}
+            paths = [p for p in paths if p.name in wanted]
+        load = (chain, load_streams, load_gap_ms, load_tokens) if load_streams else None
         cells = len(levels) * len(paths) + (1 if load else 0)
         with _progress() as progress:
             task = progress.add_task("starting", total=cells)
