@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import platform
 import socket
 import sys
@@ -218,7 +219,9 @@ def run_relay(
     report = RelayReport(timing, [], started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                time.gmtime()),
                          machine={"python": platform.python_version(),
-                                  "platform": platform.platform()})
+                                  "cpus": len(os.sched_getaffinity(0)),
+                                  "platform": platform.platform(),
+                                  "load_average_1m": os.getloadavg()[0]})
     for concurrency in concurrencies:
         streams = streams_c1 if concurrency == 1 else concurrency
         for path in paths:

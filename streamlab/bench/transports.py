@@ -236,7 +236,9 @@ def run_transports(
         timing, repetitions, list(results.values()), gzip,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine={"python": platform.python_version(), "cpus": _cpus(),
-                 "platform": platform.platform()},
+                 "platform": platform.platform(),
+                 # Others share the machine: the load says how much they did.
+                 "load_average_1m": os.getloadavg()[0]},
     )
     # One unrecorded run each first: imports, first connections, JIT-free but
     # cold caches would otherwise land in repetition 1.
