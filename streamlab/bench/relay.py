@@ -4,6 +4,7 @@ Paths, side by side in one run, each at concurrency 1 (streams one after
 another) and at concurrency C (C streams at once):
 
     grpc          client ─gRPC─▶ engine                        (the floor for latency)
+    grpc via hop  client ─gRPC─▶ engine hop (Toxiproxy) ─▶ engine  (what the gateway reads)
     gateway       client ─▶ gateway ─gRPC─▶ engine hop ─▶ engine
     via nginx     client ─▶ nginx ─▶ gateway ─▶ ...
     full chain    client ─▶ edge ─▶ nginx ─▶ upstream ─▶ gateway ─▶ ...  (no toxics)
@@ -138,6 +139,7 @@ def lab_paths(lab: Lab, refs: dict[str, tuple[str, int]]
     targets = Targets.of(lab)
     paths = [
         RelayPath("grpc", "grpc", lab.engine_target, "engine"),
+        RelayPath("grpc via hop", "grpc", targets.engine_hop, "engine"),
         RelayPath("gateway", "sse", lab.gateway_url, "gateway"),
         RelayPath("via nginx", "sse", lab.nginx_url, "gateway"),
         RelayPath("full chain", "sse", lab.edge_url, "gateway"),

@@ -83,7 +83,8 @@ def relay(
     load_gap_ms: Annotated[int, typer.Option(min=1, help="Gap in the load cell.")] = 20,
     load_tokens: Annotated[int, typer.Option(min=2, help="Tokens per load stream.")] = 100,
     only: Annotated[str, typer.Option("--paths", help="Only these paths, comma-separated "
-                                      "(grpc, gateway, via nginx, full chain, floor, naive).")
+                                      "(grpc, grpc via hop, gateway, via nginx, full chain, floor, "
+                                      "naive).")
                     ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables.")
@@ -105,7 +106,7 @@ def relay(
     timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
     with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
         paths, pids = lab_paths(lab, refs)
-        chain = paths[3]
+        chain = next(p for p in paths if p.name == "full chain")
         if only:
             wanted = {name.strip() for name in only.split(",")}
             paths = [p for p in paths if p.name in wanted]

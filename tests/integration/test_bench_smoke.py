@@ -56,7 +56,7 @@ async def test_bench_relay_report_covers_every_path_and_target(lab: Lab) -> None
     def run() -> dict[str, Any]:
         with reference_servers(Targets.of(lab).engine_hop, lab.run_dir / "logs") as refs:
             paths, pids = lab_paths(lab, refs)
-            load = (paths[3], 4, 10, 5)
+            load = (next(p for p in paths if p.name == "full chain"), 4, 10, 5)
             return run_relay(paths, pids, TINY, [1, 4], 2, load).as_json()
 
     report = await anyio.to_thread.run_sync(run)
@@ -65,7 +65,7 @@ async def test_bench_relay_report_covers_every_path_and_target(lab: Lab) -> None
     assert isinstance(cells, list)
     assert [(c["path"], c["concurrency"]) for c in cells] == [
         (p, c) for c in (1, 4)
-        for p in ("grpc", "gateway", "via nginx", "full chain", "floor", "naive")
+        for p in ("grpc", "grpc via hop", "gateway", "via nginx", "full chain", "floor", "naive")
     ] + [("full chain", 4)]
     for cell in cells:
         assert cell["completed"] == cell["streams"], (cell["path"], cell["errors"])
