@@ -168,35 +168,70 @@ async def _stream(path: RelayPath, timing: Timing, http: httpx.AsyncClient | Non
                           chat_body(PROMPT, **options))
 
 
-async def _run_cell(path: RelayPath, timing: Timing, concurrency: int, streams: int,
-                    pids: dict[str, int | None]) -> Cell:
-    cell = Cell(path.name, concurrency, streams, timing.token_gap_ms, server=path.server)
+@dataclass
+class _Session:
+    """One path's client side and running totals within a concurrency level."""
+
+    path: RelayPath
+    cell: Cell
+    http: httpx.AsyncClient
+    stub: pb_grpc.EngineServiceStub | None = None
+    runs: list[TransportRun] = field(default_factory=list)
+
+
+async def _run_level(paths: list[RelayPath], timing: Timing, concurrency: int, rounds: int,
+                     pids: dict[str, int | None], on_wave: Callable[[str], None]
+                     ) -> list[Cell]:
+    """`rounds` waves of `concurrency` streams per path, the paths interleaved
+    wave by wave: load from the rest of the machine drifts over seconds, and
+    interleaving spreads it over every path instead of landing on one."""
+    sessions: list[_Session] = []
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
-    # identity: nginx would gzip for clients that accept it; this measures relaying.
     async with contextlib.AsyncExitStack() as stack:
-        http = await stack.enter_async_context(httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=10.0), limits=limits,
-            headers={"Accept-Encoding": "identity"}))
-        stub = None
-        if path.kind == "grpc":
-            channel = await stack.enter_async_context(grpc.aio.insecure_channel(path.address))
-            stub = pb_grpc.EngineServiceStub(channel)
-        # Warm connections: a stream's first request pays the TCP (and HTTP/2) set-up.
-        warm = Timing(timing.prefill_ms, 1, 2)
-        await asyncio.gather(*(_stream(path, warm, http, stub)
-                               for _ in range(min(concurrency, 16))))
-        server, engine = CpuMeter(pids.get(path.server)), CpuMeter(pids.get("engine"))
-        s0, e0, c0, t0 = server.read(), engine.read(), time.process_time(), time.perf_counter()
-        runs: list[TransportRun] = []
-        for start in range(0, streams, concurrency):
-            wave = min(concurrency, streams - start)
-            runs += await asyncio.gather(*(_stream(path, timing, http, stub)
-                                           for _ in range(wave)))
-        s1, e1 = server.read(), engine.read()
-        cell.client_cpu_ms = (time.process_time() - c0) * 1000
-        cell.wall_s = time.perf_counter() - t0
-    cell.server_cpu_ms = cpu_ms(s0, s1) if path.server != "engine" else None
-    cell.engine_cpu_ms = cpu_ms(e0, e1)
+        for path in paths:
+            # identity: nginx would gzip for clients that accept it; this measures relaying.
+            http = await stack.enter_async_context(httpx.AsyncClient(
+                timeout=httpx.Timeout(60.0, connect=10.0), limits=limits,
+                headers={"Accept-Encoding": "identity"}))
+            session = _Session(path, Cell(path.name, concurrency, 0, timing.token_gap_ms,
+                                          server=path.server, server_cpu_ms=0.0,
+                                          engine_cpu_ms=0.0), http)
+            if path.kind == "grpc":
+                channel = await stack.enter_async_context(grpc.aio.insecure_channel(path.address))
+                session.stub = pb_grpc.EngineServiceStub(channel)
+            # Warm connections: a stream's first request pays the TCP (and HTTP/2) set-up.
+            warm = Timing(timing.prefill_ms, 1, 2)
+            await asyncio.gather(*(_stream(path, warm, http, session.stub)
+                                   for _ in range(min(concurrency, 16))))
+            sessions.append(session)
+        for round_no in range(rounds):
+            for session in sessions:
+                on_wave(f"{session.path.name} × {concurrency} ({round_no + 1}/{rounds})")
+                await _wave(session, timing, concurrency, pids)
+    return [_summarise(s, timing) for s in sessions]
+
+
+async def _wave(session: _Session, timing: Timing, concurrency: int,
+                pids: dict[str, int | None]) -> None:
+    cell = session.cell
+    server, engine = CpuMeter(pids.get(session.path.server)), CpuMeter(pids.get("engine"))
+    s0, e0, c0, t0 = server.read(), engine.read(), time.process_time(), time.perf_counter()
+    session.runs += await asyncio.gather(*(_stream(session.path, timing, session.http,
+                                                   session.stub)
+                                           for _ in range(concurrency)))
+    s1, e1 = server.read(), engine.read()
+    cell.client_cpu_ms += (time.process_time() - c0) * 1000
+    cell.wall_s += time.perf_counter() - t0
+    cell.streams += concurrency
+    for total, delta in (("server_cpu_ms", cpu_ms(s0, s1)), ("engine_cpu_ms", cpu_ms(e0, e1))):
+        current = getattr(cell, total)
+        setattr(cell, total, None if current is None or delta is None else current + delta)
+
+
+def _summarise(session: _Session, timing: Timing) -> Cell:
+    cell, runs = session.cell, session.runs
+    if cell.server == "engine":
+        cell.server_cpu_ms = None
     ok = [r for r in runs if r.done and len(r.texts) == timing.answer_tokens]
     cell.completed = len(ok)
     cell.errors = sorted({r.error or "incomplete" for r in runs if r not in ok})
@@ -206,6 +241,13 @@ async def _run_cell(path: RelayPath, timing: Timing, concurrency: int, streams: 
     cell.ttft_ms = {f"p{q}": percentile(ttft, q) for q in (50, 90, 99)}
     cell.icl_ms = {f"p{q}": percentile(icl, q) for q in (50, 90, 99)}
     return cell
+
+
+def relay_steps(paths: list[RelayPath], concurrencies: list[int], streams_c1: int,
+                load: object) -> int:
+    """How many waves `run_relay` runs (for a progress bar)."""
+    return sum((streams_c1 if c == 1 else 1) * len(paths) for c in concurrencies) + (
+        1 if load is not None else 0)
 
 
 def run_relay(
@@ -225,17 +267,14 @@ def run_relay(
                                   "platform": platform.platform(),
                                   "load_average_1m": os.getloadavg()[0]})
     for concurrency in concurrencies:
-        streams = streams_c1 if concurrency == 1 else concurrency
-        for path in paths:
-            on_cell(f"{path.name} × {concurrency}")
-            report.cells.append(asyncio.run(_run_cell(path, timing, concurrency, streams,
-                                                      pids)))
+        rounds = streams_c1 if concurrency == 1 else 1
+        report.cells += asyncio.run(_run_level(paths, timing, concurrency, rounds, pids,
+                                               on_cell))
     if load is not None:
         path, concurrency, gap_ms, tokens = load
-        on_cell(f"{path.name} × {concurrency} @ {gap_ms} ms")
         load_timing = Timing(timing.prefill_ms, gap_ms, tokens)
-        report.cells.append(asyncio.run(_run_cell(path, load_timing, concurrency, concurrency,
-                                                  pids)))
+        report.cells += asyncio.run(_run_level([path], load_timing, concurrency, 1, pids,
+                                               lambda label: on_cell(f"{label} @ {gap_ms} ms")))
     report.targets = judge(report.cells, concurrencies, load)
     return report
 

@@ -91,7 +91,7 @@ def relay(
                            ] = False,
 ) -> None:
     """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
-    from streamlab.bench.relay import lab_paths, reference_servers, run_relay
+    from streamlab.bench.relay import lab_paths, reference_servers, relay_steps, run_relay
     from streamlab.bench.tables import (
         RELAY_COLUMNS,
         TARGET_COLUMNS,
@@ -111,9 +111,9 @@ def relay(
             wanted = {name.strip() for name in only.split(",")}
             paths = [p for p in paths if p.name in wanted]
         load = (chain, load_streams, load_gap_ms, load_tokens) if load_streams else None
-        cells = len(levels) * len(paths) + (1 if load else 0)
         with _progress() as progress:
-            task = progress.add_task("starting", total=cells)
+            task = progress.add_task("starting",
+                                     total=relay_steps(paths, levels, streams_c1, load))
 
             def on_cell(label: str) -> None:
                 progress.update(task, description=label)
