@@ -4,8 +4,8 @@ Short and long polling need state between requests, so a job outlives the
 request that started it. Who owns what:
 
 - `JobStore` owns every job and the task that pumps its engine stream
-  (`_pump`); the task's `finally` cancels the gRPC call, so cancelling the
-  task is what stops the engine.
+  (`_pump`); the task's done-callback cancels the gRPC call, so cancelling
+  the task is what stops the engine.
 - A polling request only reads a job (and, for long polling, waits on its
   `news` event); it never owns the stream, so a poller that leaves mid-wait
   cancels nothing.
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,9 +88,20 @@ class JobStore:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def start(self, stream: EngineStream) -> Job:
+    def start(self, stream: EngineStream, on_end: Callable[[], None] = lambda: None) -> Job:
+        """Own `stream` from now on; `on_end` runs once its call is over."""
         job = Job(id=uuid.uuid4().hex, request_id=stream.request_id)
         job.task = asyncio.create_task(self._pump(job, stream), name=f"job-{job.id}")
+
+        def ended(_: asyncio.Task[None]) -> None:
+            # A done-callback, not the pump's `finally`: a task cancelled before
+            # its first step never enters the coroutine, and the call must still
+            # be cancelled (a DELETE right after the POST).
+            stream.cancel()
+            on_end()
+            job.notify()
+
+        job.task.add_done_callback(ended)
         self._jobs[job.id] = job
         self._metrics.started.inc()
         self._metrics.held.set(len(self._jobs))
@@ -122,7 +134,7 @@ class JobStore:
 
     def _stop(self, job: Job) -> None:
         if job.task is not None and not job.task.done():
-            job.task.cancel()  # its finally cancels the gRPC call
+            job.task.cancel()  # its done-callback cancels the gRPC call
         job.notify()  # release long pollers: they see a job that will not grow
         self._metrics.held.set(len(self._jobs))
 
@@ -148,7 +160,6 @@ class JobStore:
             job.done = True
         finally:
             stream.cancel()
-            job.notify()
 
     # ---- TTL ------------------------------------------------------------------
     def expire(self, now: float | None = None) -> list[Job]:

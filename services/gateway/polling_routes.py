@@ -22,8 +22,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from services.gateway.drain import DRAINING, Drain
 from services.gateway.engine_client import EngineClient
-from services.gateway.errors import EngineError
+from services.gateway.errors import EngineError, GatewayError
 from services.gateway.jobs import JobMetrics, JobStore
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
@@ -53,13 +54,21 @@ router = APIRouter(lifespan=_jobs_lifespan)
 async def start_job(body: ChatCompletionRequest, request: Request) -> JSONResponse:
     engine: EngineClient = request.app.state.engine
     metrics: GatewayMetrics = request.app.state.metrics
+    settings: GatewaySettings = request.app.state.settings
+    drain: Drain = request.app.state.drain
     request_id = request_id_for(request, body)
+    if drain.draining:
+        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
+                           headers={"Retry-After": str(settings.retry_after_s)})
     try:
         stream = await engine.open(body.to_engine_request(request_id))
     except EngineError as exc:
         metrics.engine_errors.labels(exc.code).inc()
         raise
-    job = request.app.state.jobs.start(stream)
+    # A draining gateway cancels what is still generating; pollers then read
+    # the job's `error` (server_draining) instead of a job that never ends.
+    drain.track(stream)
+    job = request.app.state.jobs.start(stream, on_end=lambda: drain.untrack(stream))
     return JSONResponse({"id": job.id, "object": "job", "request_id": job.request_id},
                         status_code=201, headers={"X-Request-Id": job.request_id})
 

@@ -7,7 +7,8 @@ The contract (the seed's, made explicit):
     server → client   one text message per token: {"index": i, "text": "..."}
                       then the text "[DONE]", then a close frame 1000.
     on failure        one text message {"error": {...}} and a close frame
-                      1007 (bad first message) or 1011 (engine failed); no [DONE].
+                      1007 (bad first message), 1011 (engine failed), 1012 (the
+                      gateway is draining) or 1013 (stream limits); no [DONE].
 
 Who owns what: the handler owns the gRPC call (`finally: stream.cancel()`).
 It runs two tasks: `_send_tokens` and `_until_disconnect`, which reads the
@@ -28,14 +29,18 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from services.gateway.drain import DRAINING, Drain
 from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
+from services.gateway.limits import StreamLimiter, client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest, Message, StreamlabOptions
 
 # How long a client may take to send its prompt after the upgrade.
 PROMPT_TIMEOUT_S = 30.0
 CLOSE_NORMAL, CLOSE_INVALID_PAYLOAD, CLOSE_INTERNAL = 1000, 1007, 1011
+# RFC 6455 7.4.1: 1012 "service restart" (draining), 1013 "try again later" (limits).
+CLOSE_RESTART, CLOSE_TRY_LATER = 1012, 1013
 
 router = APIRouter()
 
@@ -72,7 +77,28 @@ class WsPrompt(BaseModel):
 async def ws_stream(websocket: WebSocket) -> None:
     engine: EngineClient = websocket.app.state.engine
     metrics: GatewayMetrics = websocket.app.state.metrics
+    drain: Drain = websocket.app.state.drain
+    limiter: StreamLimiter = websocket.app.state.limiter
     await websocket.accept()
+    # The same admission as an SSE stream: no new streams while draining, and
+    # the per-client and overall stream caps (services/gateway/limits.py).
+    if drain.draining:
+        await _fail(websocket, GatewayError(503, DRAINING, "gateway is draining; retry shortly"),
+                    CLOSE_RESTART)
+        return
+    try:
+        slot = limiter.acquire(client_key(websocket))
+    except GatewayError as exc:
+        await _fail(websocket, exc, CLOSE_TRY_LATER)
+        return
+    try:
+        await _serve(websocket, engine, metrics, drain)
+    finally:
+        slot.release()
+
+
+async def _serve(websocket: WebSocket, engine: EngineClient, metrics: GatewayMetrics,
+                 drain: Drain) -> None:
     try:
         async with asyncio.timeout(PROMPT_TIMEOUT_S):
             text = await websocket.receive_text()
@@ -94,7 +120,9 @@ async def ws_stream(websocket: WebSocket) -> None:
         await _fail(websocket, exc, CLOSE_INTERNAL)
         return
 
+    drain.track(stream)
     with contextlib.ExitStack() as owned:
+        owned.callback(drain.untrack, stream)
         owned.callback(stream.cancel)  # every exit path stops the engine
         sender = asyncio.create_task(_send_tokens(websocket, stream, metrics))
         listener = asyncio.create_task(_until_disconnect(websocket))
@@ -107,7 +135,8 @@ async def ws_stream(websocket: WebSocket) -> None:
         error = results[0]
         if isinstance(error, EngineError):
             metrics.engine_errors.labels(error.code).inc()
-            await _fail(websocket, error, CLOSE_INTERNAL)
+            await _fail(websocket, error,
+                        CLOSE_RESTART if error.code == DRAINING else CLOSE_INTERNAL)
         elif sender.done() and not sender.cancelled() and error is None:
             await _close(websocket, CLOSE_NORMAL)
 

@@ -21,6 +21,7 @@ import uuid
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
+from services.gateway.settings import GatewaySettings
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
         b"x-accel-buffering: no\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -95,7 +96,7 @@ class Floor:
 
 
 async def serve(host: str, port: int, engine_target: str) -> None:
-    engine = EngineClient(engine_target, accept_timeout_s=5.0)
+    engine = EngineClient(GatewaySettings(engine_target=engine_target))
     server = await asyncio.start_server(Floor(engine).handle, host, port, backlog=1024)
     async with server:
         await server.serve_forever()

@@ -17,12 +17,13 @@ from fastapi.responses import StreamingResponse
 
 from services.gateway.engine_client import EngineClient
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter
+from services.gateway.settings import GatewaySettings
 
 
 def create_app(engine_target: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.engine = EngineClient(engine_target, accept_timeout_s=5.0)
+        app.state.engine = EngineClient(GatewaySettings(engine_target=engine_target))
         try:
             yield
         finally:
