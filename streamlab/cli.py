@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from streamlab.commands import bench_cancel, lab, resume, scenario, soak, toxic
+from streamlab.commands import bench, bench_cancel, lab, resume, scenario, soak, toxic
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Lab lifecycle: up, down, status, chat (top-level commands).
@@ -15,6 +15,7 @@ app.registered_commands.extend(soak.app.registered_commands)
 app.add_typer(resume.app, name="resume")
 toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
+app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:

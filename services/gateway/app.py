@@ -19,6 +19,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.limits import BodySizeLimit, StreamLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_routes import router as openai_router
+from services.gateway.polling_routes import router as polling_router
 from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
 from services.gateway.ws_routes import router as ws_router
@@ -60,7 +61,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(BearerAuth, keys=settings.api_keys)
     app.include_router(openai_router)
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
-    app.include_router(ws_router)  # minimal /ws for the websocket-upgrade scenario
+    app.include_router(polling_router)  # /v1/jobs: short and long polling
+    app.include_router(ws_router)  # /ws: one prompt in, one message per token
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:

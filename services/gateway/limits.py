@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections import Counter
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.errors import GatewayError
@@ -25,7 +25,7 @@ class TooManyStreams(GatewayError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
-def client_key(request: Request) -> str:
+def client_key(request: HTTPConnection) -> str:  # a Request or a WebSocket
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer ") and len(auth) > 7:
         return "token:" + hashlib.sha256(auth[7:].encode()).hexdigest()[:12]

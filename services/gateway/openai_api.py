@@ -94,6 +94,9 @@ class ChatCompletionRequest(BaseModel):
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
+_TOKEN_SUFFIX = '},"finish_reason":null}]}\n\n'
+
+
 class ChunkWriter:
     """Formats one stream's `chat.completion.chunk` payloads (the `data:` JSON)."""
 
@@ -105,6 +108,7 @@ class ChunkWriter:
             "model": model,
         }
         self._first = True
+        self._token_prefix: str | None = None
 
     def token(self, text: str) -> str:
         delta: dict[str, str] = {"content": text}
@@ -112,6 +116,22 @@ class ChunkWriter:
             delta = {"role": "assistant", "content": text}
             self._first = False
         return self._dump([{"index": 0, "delta": delta, "finish_reason": None}])
+
+    def token_event(self, text: str) -> bytes:
+        """One token's whole SSE event, byte for byte `data: {token(text)}\n\n`.
+
+        The relay's hot path (see README, "Relay overhead"): after the first
+        token the envelope never changes, so it is formatted once and only the
+        text is JSON-encoded per token, and the bytes skip sse-starlette's
+        per-event encoder.
+        """
+        if self._first:
+            return f"data: {self.token(text)}\n\n".encode()
+        if self._token_prefix is None:
+            head = json.dumps(self._head, separators=(",", ":"), ensure_ascii=False)
+            self._token_prefix = f'data: {head[:-1]},"choices":[{{"index":0,"delta":{{"content":'
+        return (self._token_prefix + json.dumps(text, ensure_ascii=False)
+                + _TOKEN_SUFFIX).encode()
 
     def finish(self, finish: pb.Finish) -> str:
         reason = FINISH_REASONS.get(finish.reason, "stop")

@@ -141,7 +141,7 @@ class GuardedEventSourceResponse(EventSourceResponse):
 async def _events(
     relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics,
     retry_ms: int,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
     try:
@@ -149,7 +149,7 @@ async def _events(
             kind = response.WhichOneof("event")
             if kind == "token":
                 metrics.tokens.inc()
-                yield ServerSentEvent(data=writer.token(response.token.text))
+                yield writer.token_event(response.token.text)
             elif kind == "finish":
                 yield ServerSentEvent(data=writer.finish(response.finish))
                 if include_usage:

@@ -72,3 +72,11 @@ class GatewaySettings(BaseSettings):
     resume_total_max_bytes: int = Field(64 << 20, ge=1024)
     # Most streams held at once (running or replayable); more → 503 on create.
     resume_max_streams: int = Field(1000, ge=1)
+
+    # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
+    # A job nobody polls for this many seconds is cancelled at the engine and
+    # deleted; 0 keeps jobs forever (the seed's leak, kept switchable so the
+    # lab can show it).
+    job_ttl_s: float = Field(30.0, ge=0)
+    # The longest a long-polling request may hold before answering "nothing yet".
+    long_poll_max_s: float = Field(30.0, gt=0)

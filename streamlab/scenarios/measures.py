@@ -133,7 +133,10 @@ async def websocket_chat(lab: Lab, setup: Setup, timing: Timing) -> Figures:
             async with connect(url, open_timeout=CONNECT_TIMEOUT_S, close_timeout=2.0,
                                compression=None) as ws:
                 figures["handshake_status"] = 101
-                await ws.send(json.dumps(request_body(setup, timing)))
+                # The /ws contract: {"prompt": ..., "streamlab": {...}} (ws_routes.WsPrompt).
+                chat = request_body(setup, timing)
+                await ws.send(json.dumps({"prompt": chat["messages"][0]["content"],
+                                          "streamlab": chat.get("streamlab")}))
                 async for message in ws:
                     if message == "[DONE]":
                         figures["done"] = True

@@ -41,3 +41,14 @@ def test_chunks_are_openai_chat_completion_chunks() -> None:
     assert second["choices"][0]["delta"] == {"content": "b"}
     end = json.loads(writer.finish(pb.Finish(reason=pb.FINISH_REASON_LENGTH)))
     assert end["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length"}
+
+
+def test_token_event_is_byte_for_byte_the_formatted_chunk() -> None:
+    """The pre-formatted hot path must never drift from the dict-built JSON."""
+    from services.engine.backends.fake import WORDS
+    from services.gateway.openai_api import ChunkWriter
+
+    fast, slow = ChunkWriter("r-1", "m\u00e9"), ChunkWriter("r-1", "m\u00e9")
+    slow._head = fast._head  # same `created` second
+    for text in [*WORDS, 'quo"te ', "back\\slash", "new\nline", "tab\t", "\u2028", "\U0001f600"]:
+        assert fast.token_event(text) == f"data: {slow.token(text)}\n\n".encode()

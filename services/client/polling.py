@@ -1,0 +1,86 @@
+"""Measuring clients for short and long polling (services/gateway/polling_routes.py).
+
+Short polling asks on a fixed timetable (start + k x interval, not "interval
+after the last answer"), so its lateness is the interval's and not the
+server's. Long polling asks again the moment an answer lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from services.client.measure import TransportRun
+
+
+async def _start(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                 run: TransportRun) -> str | None:
+    response = await client.post(f"{base_url}/v1/jobs", json=body)
+    run.requests += 1
+    run.payload_bytes_down += len(response.content)
+    if response.status_code != 201:
+        run.error = f"start: HTTP {response.status_code}: {response.text[:200]}"
+        return None
+    return str(response.json()["id"])
+
+
+async def _poll(client: httpx.AsyncClient, base_url: str, job_id: str, since: int,
+                run: TransportRun, wait_s: float = 0.0) -> dict[str, Any] | None:
+    params: dict[str, str | int | float] = {"since": since}
+    if wait_s:
+        params["wait_s"] = wait_s
+    response = await client.get(f"{base_url}/v1/jobs/{job_id}", params=params)
+    run.requests += 1
+    run.payload_bytes_down += len(response.content)
+    if response.status_code != 200:
+        run.error = f"poll: HTTP {response.status_code}: {response.text[:200]}"
+        return None
+    answer: dict[str, Any] = response.json()
+    run.tokens(answer["tokens"])
+    if answer.get("error"):
+        run.error = f"job failed: {answer['error']}"
+        return None
+    return answer
+
+
+async def short_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                     interval_s: float) -> TransportRun:
+    run = TransportRun(f"poll {interval_s * 1000:g} ms")
+    try:
+        job_id = await _start(client, base_url, body, run)
+        since, tick = 0, 0
+        while job_id is not None:
+            tick += 1
+            await asyncio.sleep(max(0.0, tick * interval_s - run.elapsed()))
+            answer = await _poll(client, base_url, job_id, since, run)
+            if answer is None:
+                break
+            since = answer["next"]
+            if answer["done"]:
+                run.done = True
+                break
+    except httpx.HTTPError as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run.finish()
+
+
+async def long_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                    wait_s: float = 30.0) -> TransportRun:
+    """The client's read timeout must exceed wait_s (the server holds that long)."""
+    run = TransportRun("long poll")
+    try:
+        job_id = await _start(client, base_url, body, run)
+        since = 0
+        while job_id is not None:
+            answer = await _poll(client, base_url, job_id, since, run, wait_s=wait_s)
+            if answer is None:
+                break
+            since = answer["next"]
+            if answer["done"]:
+                run.done = True
+                break
+    except httpx.HTTPError as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run.finish()

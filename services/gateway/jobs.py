@@ -1,0 +1,196 @@
+"""Polling jobs: an engine stream collected into a list that clients read by index.
+
+Short and long polling need state between requests, so a job outlives the
+request that started it. Who owns what:
+
+- `JobStore` owns every job and the task that pumps its engine stream
+  (`_pump`); the task's done-callback cancels the gRPC call, so cancelling
+  the task is what stops the engine.
+- A polling request only reads a job (and, for long polling, waits on its
+  `news` event); it never owns the stream, so a poller that leaves mid-wait
+  cancels nothing.
+- The reaper (one task per store, started by the router's lifespan) enforces
+  the TTL: a job nobody has polled for `ttl_s` is cancelled at the engine and
+  deleted, finished or not. With no connection to close, "not polled lately"
+  is the only sign a polling client has gone. `ttl_s = 0` turns the reaper
+  off, which is the seed's leak: the engine writes for nobody and the tokens
+  stay in memory forever.
+- On shutdown the store cancels every pump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from services.gateway.engine_client import EngineStream
+from services.gateway.errors import EngineError, GatewayError
+from services.gateway.openai_api import FINISH_REASONS
+
+
+class JobNotFound(GatewayError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(404, "job_not_found",
+                         f"job {job_id!r} does not exist (finished and expired, or never started)")
+
+
+@dataclass
+class Job:
+    id: str
+    request_id: str
+    tokens: list[str] = field(default_factory=list)
+    done: bool = False
+    finish_reason: str | None = None
+    error: dict[str, Any] | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+    waiters: int = 0
+    # Replaced after every change; long pollers wait on the one they saw.
+    news: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def notify(self) -> None:
+        news, self.news = self.news, asyncio.Event()
+        news.set()
+
+    def view(self, since: int) -> dict[str, Any]:
+        since = max(0, since)
+        return {"id": self.id, "object": "job", "tokens": self.tokens[since:],
+                "next": max(since, len(self.tokens)), "done": self.done,
+                "finish_reason": self.finish_reason, "error": self.error}
+
+
+class JobMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.held = Gauge("streamlab_gateway_jobs", "Polling jobs held in memory",
+                          registry=registry)
+        self.started = Counter("streamlab_gateway_jobs_started", "Polling jobs started",
+                               registry=registry)
+        self.expired = Counter(
+            "streamlab_gateway_jobs_expired",
+            "Polling jobs deleted by the TTL, by whether the engine was still generating",
+            ["state"], registry=registry)
+
+
+class JobStore:
+    def __init__(self, ttl_s: float, metrics: JobMetrics) -> None:
+        self.ttl_s = ttl_s
+        self._jobs: dict[str, Job] = {}
+        self._metrics = metrics
+        self._reaper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def start(self, stream: EngineStream, on_end: Callable[[], None] = lambda: None) -> Job:
+        """Own `stream` from now on; `on_end` runs once its call is over."""
+        job = Job(id=uuid.uuid4().hex, request_id=stream.request_id)
+        job.task = asyncio.create_task(self._pump(job, stream), name=f"job-{job.id}")
+
+        def ended(_: asyncio.Task[None]) -> None:
+            # A done-callback, not the pump's `finally`: a task cancelled before
+            # its first step never enters the coroutine, and the call must still
+            # be cancelled (a DELETE right after the POST).
+            stream.cancel()
+            on_end()
+            job.notify()
+
+        job.task.add_done_callback(ended)
+        self._jobs[job.id] = job
+        self._metrics.started.inc()
+        self._metrics.held.set(len(self._jobs))
+        return job
+
+    def get(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        job.last_seen = time.monotonic()
+        return job
+
+    async def wait(self, job: Job, since: int, timeout_s: float) -> None:
+        """Return when the job has tokens past `since`, has ended, or at the timeout."""
+        job.waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    while len(job.tokens) <= since and not job.done:
+                        await job.news.wait()
+        finally:
+            job.waiters -= 1
+            job.last_seen = time.monotonic()
+
+    def delete(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            raise JobNotFound(job_id)
+        self._stop(job)
+
+    def _stop(self, job: Job) -> None:
+        if job.task is not None and not job.task.done():
+            job.task.cancel()  # its done-callback cancels the gRPC call
+        job.notify()  # release long pollers: they see a job that will not grow
+        self._metrics.held.set(len(self._jobs))
+
+    async def _pump(self, job: Job, stream: EngineStream) -> None:
+        try:
+            async for response in stream:
+                kind = response.WhichOneof("event")
+                if kind == "token":
+                    job.tokens.append(response.token.text)
+                elif kind == "finish":
+                    job.finish_reason = FINISH_REASONS.get(response.finish.reason, "stop")
+                    job.done = True
+                    return
+                elif kind == "error":
+                    job.error = {"code": response.error.code, "message": response.error.message}
+                    job.done = True
+                    return
+                job.notify()
+            job.error = {"code": "truncated", "message": "engine stream ended without a finish"}
+            job.done = True
+        except EngineError as exc:
+            job.error = exc.body()["error"]
+            job.done = True
+        finally:
+            stream.cancel()
+
+    # ---- TTL ------------------------------------------------------------------
+    def expire(self, now: float | None = None) -> list[Job]:
+        """Delete (and cancel) every job idle for longer than the TTL."""
+        if self.ttl_s <= 0:
+            return []
+        now = time.monotonic() if now is None else now
+        idle = [job for job in self._jobs.values()
+                if job.waiters == 0 and now - job.last_seen > self.ttl_s]
+        for job in idle:
+            del self._jobs[job.id]
+            self._metrics.expired.labels("finished" if job.done else "generating").inc()
+            self._stop(job)
+        return idle
+
+    async def _reap_forever(self) -> None:
+        # A quarter of the TTL: a job lives at most 1.25 x TTL past its last poll.
+        interval = min(1.0, max(0.05, self.ttl_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.expire()
+
+    def open(self) -> None:
+        if self.ttl_s > 0 and self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_forever(), name="job-reaper")
+
+    async def close(self) -> None:
+        tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        if self._reaper is not None:
+            tasks.append(self._reaper)
+        for task in tasks:
+            task.cancel()
+        self._jobs.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)

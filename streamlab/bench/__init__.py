@@ -1,0 +1,1 @@
+"""Benchmarks: the transports table and the relay-overhead comparison."""

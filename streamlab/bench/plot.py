@@ -1,0 +1,72 @@
+"""The transports figure: a timeline like the seed's, and what each transport cost.
+
+Top: one lane per transport, a mark per token at the moment the client saw it
+(the run with the median total), the model's own token times in the top lane,
+and a dashed line from the model's first token to each lane's first arrival
+(the TTFT the transport added). Bottom: gateway CPU and wire bytes per run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the bench runs in terminals and CI
+
+import matplotlib.pyplot as plt  # after choosing the backend
+
+LANE_COLOURS = ["#555555", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#d62728", "#8c564b",
+                "#e377c2", "#17becf"]
+
+
+def plot_transports(report: dict[str, Any], path: Path) -> None:
+    """Render `TransportsReport.as_json()` to a PNG at `path`."""
+    transports = report["transports"]
+    model_ms = report["model_token_times_ms"]
+    lanes = [("model", model_ms)]
+    for t in transports:
+        runs = sorted((r for r in t["runs"] if r["done"]), key=lambda r: r["total_ms"])
+        lanes.append((t["name"], runs[len(runs) // 2]["token_times_ms"] if runs else []))
+
+    fig = plt.figure(figsize=(12, 8.5), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[2.2, 1])
+    timeline = fig.add_subplot(grid[0, :])
+    for row, (_name, times) in enumerate(lanes):
+        y = len(lanes) - 1 - row
+        colour = LANE_COLOURS[row % len(LANE_COLOURS)]
+        timeline.scatter([t / 1000 for t in times], [y] * len(times), marker="|", s=140,
+                         color=colour, linewidths=1.5)
+        if row > 0 and times and model_ms:
+            timeline.plot([model_ms[0] / 1000, times[0] / 1000], [y, y], linestyle="--",
+                          color="#1f77b4", linewidth=0.8)
+    timeline.set_yticks(range(len(lanes)), [name for name, _ in reversed(lanes)])
+    timeline.set_xlabel("seconds since the request started")
+    timing = report["timing"]
+    timeline.set_title(
+        f"When each token reached the client: {timing['answer_tokens']} tokens, "
+        f"{timing['token_gap_ms']} ms apart (median run of {report['repetitions']})")
+    timeline.grid(axis="x", alpha=0.3)
+
+    names = [t["name"] for t in transports]
+    colours = LANE_COLOURS[1:len(names) + 1]
+    cpu = fig.add_subplot(grid[1, 0])
+    cpu.bar(names, [t["summary"]["gateway_cpu_ms"]["median"] or 0 for t in transports],
+            color=colours)
+    cpu.set_ylabel("gateway CPU per run (ms)")
+    cpu.set_title("Server work (median)")
+    cpu.tick_params(axis="x", rotation=35)
+
+    wire = fig.add_subplot(grid[1, 1])
+    up = [(t["summary"]["bytes_up"]["median"] or 0) / 1024 for t in transports]
+    down = [(t["summary"]["bytes_down"]["median"] or 0) / 1024 for t in transports]
+    wire.bar(names, down, color=colours)
+    wire.bar(names, up, bottom=down, color="#bbbbbb")
+    wire.set_ylabel("KiB on the wire per run")
+    wire.set_title("Bytes on the wire, median (colour: down, grey: up)")
+    wire.tick_params(axis="x", rotation=35)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,103 @@
+"""Rich tables for the bench reports (the terminal view of their JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+
+def _cell(stat: dict[str, float | None], fmt: str = "{:.0f}", spread: bool = True) -> str:
+    median, low, high = stat["median"], stat["min"], stat["max"]
+    if median is None:
+        return "-"
+    text = fmt.format(median)
+    if spread and low is not None and high is not None and high > low:
+        text += f" [dim]±{fmt.format((high - low) / 2)}[/]"
+    return text
+
+
+def transports_table(report: dict[str, Any]) -> Table:
+    timing = report["timing"]
+    table = Table(
+        title=(f"{timing['answer_tokens']} tokens, {timing['token_gap_ms']} ms apart · "
+               f"median of {report['repetitions']} (± half the range)"
+               + (" · gzip" if report.get("gzip") else "")),
+        caption="bytes: Toxiproxy's count on the edge proxy (gRPC: the engine proxy); "
+                "CPU: the gateway process (kernel accounting). Absolute times vary by machine.",
+    )
+    for column in TRANSPORT_COLUMNS:
+        table.add_column(column, justify="left" if column == "transport" else "right",
+                         no_wrap=True)
+    for row in transport_rows(report):
+        table.add_row(*row)
+    return table
+
+
+TRANSPORT_COLUMNS = ("transport", "TTFT ms", "total ms", "requests", "tokens", "bytes up",
+                     "bytes down", "B/token", "gw CPU ms", "CPU µs/token")
+
+
+def transport_rows(report: dict[str, Any], markup: bool = True) -> list[list[str]]:
+    rows = []
+    for t in report["transports"]:
+        s = t["summary"]
+        failed = sum(1 for r in t["runs"] if not r["done"] or not r["in_order"])
+        name = t["name"] + (f" ({failed} failed)" if failed else "")
+        rows.append([
+            name, _cell(s["ttft_ms"]), _cell(s["total_ms"]), _cell(s["requests"], spread=False),
+            _cell(s["tokens"], spread=False), _cell(s["bytes_up"]), _cell(s["bytes_down"]),
+            _cell(s["bytes_per_token"], spread=False), _cell(s["gateway_cpu_ms"], "{:.1f}"),
+            _cell(s["cpu_us_per_token"], "{:.0f}", spread=False),
+        ])
+    if not markup:
+        rows = [[cell.replace("[dim]", "").replace("[/]", "") for cell in row] for row in rows]
+    return rows
+
+
+def markdown(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    """A GitHub table, for pasting a run into the README."""
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+RELAY_COLUMNS = ("path", "conc.", "streams", "ok", "TTFT p50", "p90", "p99", "ICL p50",
+                 "ICL p99", "relay CPU ms/1k tok", "engine CPU ms/1k tok", "client CPU ms")
+
+
+def relay_rows(report: dict[str, Any]) -> list[list[str]]:
+    def ms(value: float | None, fmt: str = "{:.1f}") -> str:
+        return "-" if value is None or value != value else fmt.format(value)
+
+    rows = []
+    for c in report["cells"]:
+        engine_k = (c["engine_cpu_ms"] * 1000 / c["tokens"]
+                    if c["engine_cpu_ms"] is not None and c["tokens"] else None)
+        relay = "-" if c["server"] == "engine" else (
+            f"{ms(c['server_cpu_per_1k_tokens_ms'], '{:.0f}')} ({c['server']})")
+        label = c["path"] + (f" @ {c['gap_ms']} ms" if c["gap_ms"] != report["timing"][
+            "token_gap_ms"] else "")
+        rows.append([label, str(c["concurrency"]), str(c["streams"]), str(c["completed"]),
+                     ms(c["ttft_ms"]["p50"]), ms(c["ttft_ms"]["p90"]), ms(c["ttft_ms"]["p99"]),
+                     ms(c["icl_ms"]["p50"]), ms(c["icl_ms"]["p99"]), relay,
+                     ms(engine_k, "{:.0f}"), ms(c["client_cpu_ms"], "{:.0f}")])
+    return rows
+
+
+TARGET_COLUMNS = ("target", "measured", "met")
+
+
+def target_rows(report: dict[str, Any]) -> list[list[str]]:
+    return [[t["target"], f"{t['measured']:g} {t['unit']}", "yes" if t["met"] else "NO"]
+            for t in report["targets"]]
+
+
+def plain_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i > 0)
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,256 @@
+"""`streamlab bench transports`: the seed's table, on the real topology.
+
+Every transport gets the same fake-model timing (the seed's: 50 tokens, 50 ms
+apart, no real prefill) and runs one at a time, N times, through the edge
+(gRPC, which browsers cannot speak, through the engine hop instead). Around
+each run the bench reads the wire bytes on that proxy and the CPU of the
+gateway and engine processes, so the table's bytes and CPU are the system's,
+not the client's own count.
+
+The fake model's prefill is 1 ms, not 0: on the gRPC wire 0 means "engine
+default" (300 ms), so 1 ms is the closest to the seed's "first token after one
+gap".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from services.client.grpc_stream import generate_request, grpc_once
+from services.client.measure import TransportRun, sse_chat
+from services.client.openai_stream import chat_body
+from services.client.polling import long_poll, short_poll
+from services.client.ws_stream import ws_chat
+from services.engine.backends.fake import token_text
+from streamlab.bench.probes import CpuMeter, WireMeter, cpu_ms
+from streamlab.bench.stats import summary
+from streamlab.lab import Lab
+from streamlab.toxiproxy import Toxiproxy
+
+PROMPT = "tell me about streaming"
+
+
+@dataclass(frozen=True)
+class Timing:
+    prefill_ms: int = 1
+    token_gap_ms: int = 50
+    answer_tokens: int = 50
+
+    def model_token_times_s(self) -> list[float]:
+        """When the fake model makes each token (services/engine/backends/fake.py)."""
+        return [(self.prefill_ms + (i + 1) * self.token_gap_ms) / 1000
+                for i in range(self.answer_tokens)]
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where the bench finds the lab."""
+
+    edge_url: str
+    engine_hop: str  # host:port of Toxiproxy's engine proxy
+    toxiproxy_url: str
+    gateway_pid: int | None
+    engine_pid: int | None
+
+    @classmethod
+    def of(cls, lab: Lab) -> Targets:
+        def pid(name: str) -> int | None:
+            running = lab.running.get(name)
+            return running.pid if running else None
+
+        return cls(edge_url=lab.edge_url,
+                   engine_hop=f"{lab.ports.host}:{lab.ports.engine_proxy_port}",
+                   toxiproxy_url=lab.toxiproxy_url, gateway_pid=pid("gateway"),
+                   engine_pid=pid("engine"))
+
+
+@dataclass
+class Sample:
+    """One run of one transport, with what it cost outside the client."""
+
+    ttft_ms: float | None
+    total_ms: float
+    requests: int
+    tokens: int
+    bytes_up: int
+    bytes_down: int
+    gateway_cpu_ms: float | None
+    engine_cpu_ms: float | None
+    token_times_ms: list[float]
+    done: bool
+    error: str | None
+    in_order: bool
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        return (self.bytes_up + self.bytes_down) / self.tokens if self.tokens else None
+
+    @property
+    def cpu_us_per_token(self) -> float | None:
+        if self.gateway_cpu_ms is None or not self.tokens:
+            return None
+        return self.gateway_cpu_ms * 1000 / self.tokens
+
+
+@dataclass
+class TransportResult:
+    name: str
+    proxy: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def summary(self) -> dict[str, dict[str, float | None]]:
+        s = self.samples
+        return {
+            "ttft_ms": summary([x.ttft_ms for x in s]),
+            "total_ms": summary([x.total_ms for x in s]),
+            "requests": summary([x.requests for x in s]),
+            "tokens": summary([x.tokens for x in s]),
+            "bytes_up": summary([x.bytes_up for x in s]),
+            "bytes_down": summary([x.bytes_down for x in s]),
+            "bytes_per_token": summary([x.bytes_per_token for x in s]),
+            "gateway_cpu_ms": summary([x.gateway_cpu_ms for x in s]),
+            "engine_cpu_ms": summary([x.engine_cpu_ms for x in s]),
+            "cpu_us_per_token": summary([x.cpu_us_per_token for x in s]),
+        }
+
+    def typical(self) -> Sample | None:
+        """The run whose total is the median one (for the timeline)."""
+        ok = sorted((x for x in self.samples if x.done), key=lambda x: x.total_ms)
+        return ok[len(ok) // 2] if ok else None
+
+
+@dataclass
+class TransportsReport:
+    timing: Timing
+    repetitions: int
+    transports: list[TransportResult]
+    gzip: bool = False
+    started_at: str = ""
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": "transports",
+            "started_at": self.started_at,
+            "machine": self.machine,
+            "timing": asdict(self.timing),
+            "model_token_times_ms": [t * 1000 for t in self.timing.model_token_times_s()],
+            "repetitions": self.repetitions,
+            "gzip": self.gzip,
+            "transports": [
+                {"name": t.name, "wire_proxy": t.proxy, "summary": t.summary(),
+                 "runs": [{**asdict(x), "bytes_per_token": x.bytes_per_token,
+                           "cpu_us_per_token": x.cpu_us_per_token} for x in t.samples]}
+                for t in self.transports
+            ],
+        }
+
+
+def transport_names(intervals_ms: list[int]) -> list[str]:
+    return ["grpc", "sse", "websocket", "long poll", *(f"poll {i} ms" for i in intervals_ms)]
+
+
+async def _one(name: str, targets: Targets, timing: Timing, gzip: bool) -> TransportRun:
+    """One run of one transport on fresh connections (their set-up counts).
+
+    Without `gzip` the HTTP clients ask for `identity`: nginx here compresses
+    event streams and JSON for clients that accept it, and the table compares
+    protocols (the WebSocket runs without compression too, as in the seed)."""
+    options = asdict(timing)
+    # A long-poll read may be held up to the server's wait (30 s) plus a token gap.
+    timeout = httpx.Timeout(60.0, connect=5.0)
+    if name == "grpc":
+        request = generate_request(PROMPT, request_id=f"bench-{uuid.uuid4().hex[:12]}",
+                                   **options)
+        return await grpc_once(targets.engine_hop, request)
+    if name == "websocket":
+        ws_url = targets.edge_url.replace("http://", "ws://", 1) + "/ws"
+        return await ws_chat(ws_url, PROMPT, timing=options)
+    body = chat_body(PROMPT, **options)
+    headers = {} if gzip else {"Accept-Encoding": "identity"}
+    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+        if name == "sse":
+            return await sse_chat(client, f"{targets.edge_url}/v1/chat/completions", body)
+        if name == "long poll":
+            return await long_poll(client, targets.edge_url, body)
+        if name.startswith("poll "):
+            interval_s = float(name.split()[1]) / 1000
+            return await short_poll(client, targets.edge_url, body, interval_s)
+    raise ValueError(f"unknown transport {name!r}")
+
+
+def measure(name: str, targets: Targets, timing: Timing, gzip: bool = False) -> Sample:
+    """Run one transport once, reading wire bytes and CPU around it."""
+    proxy = "engine" if name == "grpc" else "edge"
+    toxiproxy = Toxiproxy(targets.toxiproxy_url)
+    try:
+        wire = WireMeter(toxiproxy, proxy)
+        gateway, engine = CpuMeter(targets.gateway_pid), CpuMeter(targets.engine_pid)
+        wire_before = wire.settled()
+        gw_before, en_before = gateway.read(), engine.read()
+        run = asyncio.run(_one(name, targets, timing, gzip))
+        gw_after, en_after = gateway.read(), engine.read()
+        moved = wire.settled() - wire_before
+    finally:
+        toxiproxy.close()
+    expected = [token_text(i) for i in range(timing.answer_tokens)]
+    return Sample(
+        ttft_ms=None if run.ttft_s is None else run.ttft_s * 1000,
+        total_ms=run.total_s * 1000,
+        requests=run.requests,
+        tokens=len(run.texts),
+        bytes_up=moved.up,
+        bytes_down=moved.down,
+        gateway_cpu_ms=cpu_ms(gw_before, gw_after),
+        engine_cpu_ms=cpu_ms(en_before, en_after),
+        token_times_ms=[t * 1000 for t in run.token_times],
+        done=run.done,
+        error=run.error,
+        in_order=run.texts == expected,
+    )
+
+
+def run_transports(
+    targets: Targets,
+    timing: Timing,
+    repetitions: int,
+    intervals_ms: list[int],
+    gzip: bool = False,
+    on_run: Callable[[str, int], None] = lambda name, rep: None,
+) -> TransportsReport:
+    """Interleave transports within each repetition, so a burst of load on the
+    shared machine spreads over all of them instead of hitting one."""
+    names = transport_names(intervals_ms)
+    results = {name: TransportResult(name, "engine" if name == "grpc" else "edge")
+               for name in names}
+    report = TransportsReport(
+        timing, repetitions, list(results.values()), gzip,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine={"python": platform.python_version(), "cpus": _cpus(),
+                 "platform": platform.platform(),
+                 # Others share the machine: the load says how much they did.
+                 "load_average_1m": os.getloadavg()[0]},
+    )
+    # One unrecorded run each first: imports, first connections, JIT-free but
+    # cold caches would otherwise land in repetition 1.
+    for name in names:
+        on_run(f"{name} (warm-up)", -1)
+        measure(name, targets, timing, gzip)
+    for rep in range(repetitions):
+        for name in names:
+            on_run(name, rep)
+            results[name].samples.append(measure(name, targets, timing, gzip))
+    return report
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))

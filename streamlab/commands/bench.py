@@ -1,0 +1,132 @@
+"""`streamlab bench`: measure the transports and the relay on a running lab."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from streamlab.bench.tables import TRANSPORT_COLUMNS, markdown, transport_rows, transports_table
+from streamlab.bench.transports import Targets, Timing, run_transports, transport_names
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+
+app = typer.Typer(help=__doc__, no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    # On stderr, so `--json > file` stays clean.
+    return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=True)
+
+
+@app.command()
+def transports(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    repetitions: Annotated[int, typer.Option("--reps", "-n", min=1,
+                                             help="Runs per transport.")] = 5,
+    intervals: Annotated[str, typer.Option(help="Short-polling intervals, ms.")] = "50,250,1000",
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 50,
+    gap_ms: Annotated[int, typer.Option(min=1, help="Model's gap between tokens.")] = 50,
+    gzip: Annotated[bool, typer.Option(help="Let HTTP clients accept gzip (nginx "
+                                            "compresses streams and JSON).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")
+                           ] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the timeline and costs PNG here.")
+                    ] = None,
+) -> None:
+    """Polling (several intervals), long polling, SSE, WebSocket and direct gRPC, same model."""
+    lab = attached(run_dir)
+    intervals_ms = [int(x) for x in intervals.split(",") if x.strip()]
+    names = transport_names(intervals_ms)
+    timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
+    with _progress() as progress:
+        task = progress.add_task("warming up", total=len(names) * (repetitions + 1))
+
+        def on_run(name: str, rep: int) -> None:
+            label = name if rep < 0 else f"{name} · run {rep + 1}/{repetitions}"
+            progress.update(task, description=label)
+            progress.advance(task)
+
+        report = run_transports(Targets.of(lab), timing, repetitions, intervals_ms, gzip,
+                                on_run).as_json()
+    if plot is not None:
+        from streamlab.bench.plot import plot_transports
+
+        plot_transports(report, plot)
+        err.print(f"plot written to {plot}")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    if as_markdown:
+        print(markdown(TRANSPORT_COLUMNS, transport_rows(report, markup=False)))
+        return
+    console.print(transports_table(report))
+
+
+@app.command()
+def relay(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")
+                           ] = "1,64",
+    streams_c1: Annotated[int, typer.Option(min=1, help="Streams at concurrency 1.")] = 10,
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 20,
+    gap_ms: Annotated[int, typer.Option(min=1, help="Model's gap between tokens.")] = 50,
+    load_streams: Annotated[int, typer.Option(help="Streams in the inter-chunk load cell "
+                                                   "(0 skips it).")] = 100,
+    load_gap_ms: Annotated[int, typer.Option(min=1, help="Gap in the load cell.")] = 20,
+    load_tokens: Annotated[int, typer.Option(min=2, help="Tokens per load stream.")] = 100,
+    only: Annotated[str, typer.Option("--paths", help="Only these paths, comma-separated "
+                                      "(grpc, grpc via hop, gateway, via nginx, full chain, floor, "
+                                      "naive).")
+                    ] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables.")
+                           ] = False,
+) -> None:
+    """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
+    from streamlab.bench.relay import lab_paths, reference_servers, relay_steps, run_relay
+    from streamlab.bench.tables import (
+        RELAY_COLUMNS,
+        TARGET_COLUMNS,
+        plain_table,
+        relay_rows,
+        target_rows,
+    )
+
+    lab = attached(run_dir)
+    targets = Targets.of(lab)
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
+    with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
+        paths, pids = lab_paths(lab, refs)
+        chain = next(p for p in paths if p.name == "full chain")
+        if only:
+            wanted = {name.strip() for name in only.split(",")}
+            paths = [p for p in paths if p.name in wanted]
+        load = (chain, load_streams, load_gap_ms, load_tokens) if load_streams else None
+        with _progress() as progress:
+            task = progress.add_task("starting",
+                                     total=relay_steps(paths, levels, streams_c1, load))
+
+            def on_cell(label: str) -> None:
+                progress.update(task, description=label)
+                progress.advance(task)
+
+            report = run_relay(paths, pids, timing, levels, streams_c1, load, on_cell).as_json()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    rows, verdicts = relay_rows(report), target_rows(report)
+    if as_markdown:
+        print(markdown(RELAY_COLUMNS, rows) + "\n\n" + markdown(TARGET_COLUMNS, verdicts))
+        return
+    console.print(plain_table(f"Relay overhead · {tokens} tokens, {gap_ms} ms apart · times in "
+                              "ms", RELAY_COLUMNS, rows))
+    console.print(plain_table("Targets", TARGET_COLUMNS, verdicts))

@@ -1,0 +1,87 @@
+"""`streamlab bench transports` and `streamlab bench relay` run end to end on the
+real lab, as a user runs them (the CLI, in its own process, attached to the
+lab's run dir), at tiny N: figures are printed by the benches, never asserted
+as speed targets here. What is checked is the report's shape and that its
+figures are possible at all.
+
+In a child process also because the benches drive grpc.aio on event loops of
+their own, which must not share a process with the other tests' loops.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamlab.bench.tables import relay_rows, target_rows, transport_rows
+from streamlab.lab import Lab
+from streamlab.topology import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+TOKENS = 5
+
+
+def bench(lab: Lab, *args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "streamlab.cli", "bench", *args, "--run-dir", str(lab.run_dir),
+         "--json"],
+        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_bench_transports_report_is_complete_and_sane(lab: Lab, tmp_path: Path) -> None:
+    png = tmp_path / "transports.png"
+    report = bench(lab, "transports", "--reps", "1", "--tokens", str(TOKENS), "--gap-ms", "20",
+                   "--intervals", "50", "--plot", str(png))
+
+    names = [t["name"] for t in report["transports"]]
+    assert names == ["grpc", "sse", "websocket", "long poll", "poll 50 ms"]
+    assert report["repetitions"] == 1
+    assert len(report["model_token_times_ms"]) == TOKENS
+    for t in report["transports"]:
+        (run,) = t["runs"]
+        assert run["done"], (t["name"], run["error"])
+        assert run["in_order"], t["name"]
+        assert run["tokens"] == TOKENS
+        # The first token cannot beat the model, and the run ends after the last one.
+        assert run["ttft_ms"] >= report["model_token_times_ms"][0] * 0.9
+        assert run["total_ms"] >= report["model_token_times_ms"][-1] * 0.9
+        assert run["bytes_down"] > 0
+        assert run["bytes_up"] > 0
+        assert run["engine_cpu_ms"] > 0
+        assert t["summary"]["ttft_ms"]["median"] == run["ttft_ms"]
+    by_name = {t["name"]: t["runs"][0] for t in report["transports"]}
+    assert by_name["sse"]["requests"] == by_name["websocket"]["requests"] == 1
+    assert by_name["poll 50 ms"]["requests"] >= 2  # the start, then at least one poll
+    assert by_name["sse"]["gateway_cpu_ms"] > 0
+    assert len(transport_rows(report)) == len(names)
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_relay_report_covers_every_path_and_target(lab: Lab) -> None:
+    report = bench(lab, "relay", "--concurrency", "1,4", "--streams-c1", "2",
+                   "--tokens", str(TOKENS), "--gap-ms", "20", "--load-streams", "4",
+                   "--load-gap-ms", "10", "--load-tokens", "5")
+
+    cells = report["cells"]
+    paths = ("grpc", "grpc via hop", "gateway", "via nginx", "full chain", "floor", "naive")
+    assert [(c["path"], c["concurrency"]) for c in cells] == [
+        (p, c) for c in (1, 4) for p in paths] + [("full chain", 4)]
+    for cell in cells:
+        assert cell["completed"] == cell["streams"], (cell["path"], cell["errors"])
+        assert cell["ttft_ms"]["p50"] > 0
+        assert cell["icl_ms"]["p50"] > 0
+        if cell["server"] != "engine":
+            assert cell["server_cpu_per_1k_tokens_ms"] > 0
+    assert {t["target"].split(" ")[0] for t in report["targets"]} >= {
+        "full", "gateway", "naive", "inter-chunk"}
+    assert len(relay_rows(report)) == len(cells)
+    assert len(target_rows(report)) == len(report["targets"])
