@@ -141,13 +141,16 @@ def chat(
     prefill_ms: Annotated[int | None, typer.Option(help="Fake model prefill delay.")] = None,
     gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
     tokens: Annotated[int | None, typer.Option(help="How many tokens to generate.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="The request's max_tokens: what bounds a real model's answer.")] = None,
     timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
     request_id: Annotated[str | None, typer.Option(help="X-Request-Id to send.")] = None,
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
     url = f"{lab.edge_url}{path.rstrip('/')}/v1/chat/completions"
-    body = chat_body(prompt, prefill_ms=prefill_ms, token_gap_ms=gap_ms, answer_tokens=tokens)
+    body = chat_body(prompt, max_tokens=max_tokens, prefill_ms=prefill_ms, token_gap_ms=gap_ms,
+                     answer_tokens=tokens)
 
     async def run() -> None:
         timeout = httpx.Timeout(timeout_s, connect=5.0)
