@@ -31,8 +31,10 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && [ ! -f "$stamp.hf" ]; then
   say "installing the hf extra (torch + transformers, several GB: takes minutes)"
+  started=$SECONDS
   .venv/bin/python -m pip install -q -e '.[dev,hf]'
   touch "$stamp.hf"
+  say "hf extra installed in $((SECONDS - started)) s"
 fi
 
 # --- nginx ------------------------------------------------------------------

@@ -62,10 +62,13 @@ class ModelLoadError(RuntimeError):
 
 def pick_device(setting: str) -> torch.device:
     if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        setting = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(setting)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"STREAMLAB_HF_DEVICE={setting!r} but torch sees no CUDA device")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"STREAMLAB_HF_DEVICE={setting!r} but torch sees no CUDA device")
+        if device.index is None:  # name the device: "cuda:0" in stats and logs
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
