@@ -102,7 +102,7 @@ async def test_an_upstream_that_dies_mid_stream_is_an_error_event(
     def on_token(text: str) -> None:
         seen.append(text)
         if len(seen) == 3:
-            upstream_pair.stop("upstream-engine")  # the upstream's model goes away
+            upstream_pair.stop("upstream-engine", grace_s=0)  # the upstream's model dies
 
     body = chat_body("hello", prefill_ms=10, token_gap_ms=50, answer_tokens=200)
     try:

@@ -72,10 +72,10 @@ class UpstreamPair:
         self.running[name] = running
         processes.wait_ready(running)
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, grace_s: float = 5.0) -> None:
         running = self.running.pop(name, None)
         if running is not None:
-            processes.stop(running, grace_s=5.0)
+            processes.stop(running, grace_s=grace_s)
 
     def engine_healthy(self) -> bool:
         with grpc.insecure_channel(f"127.0.0.1:{self.engine_port}") as channel:
