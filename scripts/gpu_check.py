@@ -115,10 +115,10 @@ async def run(args: argparse.Namespace) -> Report:
     if model_dir is None:
         model_dir = build(Path(tempfile.mkdtemp(prefix="gpu-check-")) / args.size, args.size)
     settings = EngineSettings(
-        host="127.0.0.1", port=0, backend="hf",
+        host="127.0.0.1", port=0, backend="hf", max_queued_generations=max(8, args.burst),
         # ignore_eos: every full generation is max_tokens long, so runs compare.
         hf=HFSettings(model=str(model_dir), device=args.device, dtype=args.dtype,
-                      ignore_eos=True, max_waiting=max(8, args.burst)))
+                      ignore_eos=True))
     engine = await create_server(settings)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}")
     stub = pb_grpc.EngineServiceStub(channel)
