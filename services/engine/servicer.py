@@ -150,9 +150,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except (asyncio.CancelledError, GeneratorExit):
             # CancelledError when the cancel lands in an await (a decode step);
             # GeneratorExit when grpc closes this generator while it is parked
-            # at a `yield`. Both mean the caller is gone.
-            self._stats.mark_cancel(record)
-            state = State.CANCELLED
+            # at a `yield`. Both mean the caller is gone. Unless the finish event
+            # had already gone out: a caller that cancels instead of waiting for
+            # the trailers (a gateway done with the stream) cancelled nothing.
+            if state is not State.COMPLETED:
+                self._stats.mark_cancel(record)
+                state = State.CANCELLED
             raise
         except BackendError as exc:
             if produced == 0:
