@@ -4,6 +4,9 @@
 #   - nginx from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
+#   - with STREAMLAB_WITH_HF=1 only: the `hf` extra (torch, transformers) for the
+#     transformers backend. PyPI's Linux x86_64 torch pulls the CUDA libraries
+#     (~5 GB installed, ~4 min here); the default lab never needs them. CI sets it.
 # Safe to run again; `make up` and `make test` call it first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,13 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[dev]'
   rm -f .venv/.installed-* && touch "$stamp"
+fi
+if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && [ ! -f "$stamp.hf" ]; then
+  say "installing the hf extra (torch + transformers, several GB: takes minutes)"
+  started=$SECONDS
+  .venv/bin/python -m pip install -q -e '.[dev,hf]'
+  touch "$stamp.hf"
+  say "hf extra installed in $((SECONDS - started)) s"
 fi
 
 # --- nginx ------------------------------------------------------------------

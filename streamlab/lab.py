@@ -40,6 +40,8 @@ class LabOptions:
     # Extra settings for the services (their own env prefixes).
     gateway_env: dict[str, str] = field(default_factory=dict)
     engine_env: dict[str, str] = field(default_factory=dict)
+    # How long the engine may take to answer its health check (a real model loads first).
+    engine_ready_timeout_s: float = 20.0
     python: str = sys.executable
 
 
@@ -103,7 +105,8 @@ class Lab:
                 "engine", [self.options.python, "-m", "services.engine"],
                 env={"STREAMLAB_ENGINE_HOST": host, "STREAMLAB_ENGINE_PORT": str(p.engine_port),
                      **self.options.engine_env},
-                ready=self.engine_healthy, cwd=REPO_ROOT,
+                ready=self.engine_healthy, ready_timeout_s=self.options.engine_ready_timeout_s,
+                cwd=REPO_ROOT,
             ),
             "toxiproxy": ServiceSpec(
                 "toxiproxy",

@@ -20,6 +20,18 @@ class Admission:
         self.waiting = 0
         self.running = 0
 
+    @property
+    def running_limit(self) -> int:
+        return self._running_limit
+
+    @property
+    def queued_limit(self) -> int:
+        return self._queued_limit
+
+    def would_wait(self) -> bool:
+        """Whether a call arriving now would queue for a slot."""
+        return self._slots.locked()
+
     def full(self) -> bool:
         return self._slots.locked() and self.waiting >= self._queued_limit
 

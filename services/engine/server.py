@@ -47,27 +47,59 @@ def server_options(settings: EngineSettings) -> list[tuple[str, int]]:
     ]
 
 
+class BackendUnavailable(RuntimeError):
+    """The configured backend cannot start (missing extra, bad model path or URL)."""
+
+
 def make_backend(settings: EngineSettings) -> Backend:
+    """Blocking (a real model loads for seconds to minutes): call it off the loop."""
     if settings.backend == "fake":
         return FakeModel()
+    if settings.backend == "openai":
+        from services.engine.backends.openai_upstream import OpenAIUpstream
+
+        try:
+            return OpenAIUpstream(settings.openai)
+        except ValueError as exc:
+            raise BackendUnavailable(str(exc)) from exc
+    if settings.backend == "hf":
+        # Imported here so the default lab never needs torch (the `hf` extra).
+        try:
+            from services.engine.backends.hf import HFModel, ModelLoadError
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"the hf backend needs the hf extra ({exc}): pip install -e '.[hf]', "
+                "or STREAMLAB_WITH_HF=1 bash scripts/install.sh") from exc
+        try:
+            return HFModel(settings.hf)
+        except ModelLoadError as exc:
+            raise BackendUnavailable(str(exc)) from exc
     raise ValueError(f"unknown backend {settings.backend!r}")
 
 
 class Engine:
-    def __init__(self, server: grpc.aio.Server, health: HealthServicer, port: int) -> None:
+    def __init__(self, server: grpc.aio.Server, health: HealthServicer, port: int,
+                 backend: Backend | None = None) -> None:
         self.server = server
         self.health = health
         self.port = port
+        self._owned_backend = backend  # closed on stop when create_server made it
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self._owned_backend is not None:
+            await self._owned_backend.aclose()
 
 
 async def create_server(settings: EngineSettings, backend: Backend | None = None) -> Engine:
+    owned = None
+    if backend is None:
+        # Off the loop: loading a model blocks for as long as it takes.
+        backend = owned = await asyncio.to_thread(make_backend, settings)
     server = grpc.aio.server(options=server_options(settings))
     stats = EngineStats(settings.stats_history)
-    servicer = EngineServicer(backend or make_backend(settings), stats, settings)
+    servicer = EngineServicer(backend, stats, settings)
     pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -82,7 +114,7 @@ async def create_server(settings: EngineSettings, backend: Backend | None = None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Engine(server, health, port)
+    return Engine(server, health, port, owned)
 
 
 async def serve(settings: EngineSettings) -> None:
@@ -99,4 +131,8 @@ async def serve(settings: EngineSettings) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(EngineSettings()))
+    try:
+        asyncio.run(serve(EngineSettings()))
+    except BackendUnavailable as exc:
+        log.error("engine cannot start: %s", exc)
+        raise SystemExit(2) from exc

@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 
 from services.engine.admission import Admission
 from services.engine.backends.base import (
+    Accepted,
     Backend,
     BackendError,
     ChatMessage,
     FakeTiming,
     GenerationInput,
+    GenerationSummary,
     ThinkPause,
 )
 from services.engine.settings import EngineSettings
@@ -71,6 +74,7 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         messages=tuple(ChatMessage(m.role, m.content) for m in request.messages),
         max_tokens=request.max_tokens or settings.max_tokens_limit,
         timing=fake,
+        requested_max_tokens=request.max_tokens,
     )
 
 
@@ -79,8 +83,14 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self._backend = backend
         self._stats = stats
         self._settings = settings
-        self._admission = Admission(settings.max_running_generations,
-                                    settings.max_queued_generations)
+        # A backend that runs fewer generations at once than the engine allows
+        # (the hf backend decodes one at a time) sets the slots: the rest queue
+        # here, visible in GetStats, and past the queue are refused before any
+        # header, which the gateway turns into a 429.
+        running = settings.max_running_generations
+        if backend.max_concurrency is not None:
+            running = min(running, backend.max_concurrency)
+        self._admission = Admission(running, settings.max_queued_generations)
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -94,40 +104,62 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._admission.describe())
         # Headers now, before any queueing and the (possibly long) prefill: the
         # gateway learns that the engine accepted the call and can commit to a 200.
-        await context.send_initial_metadata((("x-request-id", generation.request_id),))
+        # A backend that defers acceptance says when (an upstream's 200), unless
+        # the call must first wait for a slot here: waiting is accepting.
+        headers = (("x-request-id", generation.request_id),)
+        accepted = not self._backend.defers_acceptance or self._admission.would_wait()
+        if accepted:
+            await context.send_initial_metadata(headers)
         await self._admission.acquire()  # queued here; a cancel leaves the queue
         record = self._stats.begin(generation.request_id)
         context.add_done_callback(lambda ctx: self._on_done(ctx, record))
         state = State.FAILED
         produced = 0
+        summary: GenerationSummary | None = None
         try:
-            async for text in self._backend.generate(generation, record):
-                yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=text))
-                produced += 1
-            reason = (
-                pb.FINISH_REASON_LENGTH
-                if self._backend.finished_by_length(generation, produced)
-                else pb.FINISH_REASON_STOP
-            )
+            # aclosing: the backend's own `finally` (freeing a KV cache, closing an
+            # upstream HTTP stream) runs now on every exit, not when GC gets to it.
+            async with aclosing(self._backend.generate(generation, record)) as items:
+                async for item in items:
+                    if not accepted:
+                        await context.send_initial_metadata(headers)
+                        accepted = True
+                    if isinstance(item, Accepted):
+                        continue
+                    if isinstance(item, GenerationSummary):
+                        summary = item
+                        continue
+                    yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=item))
+                    produced += 1
+            if summary is None:
+                summary = GenerationSummary(
+                    prompt_tokens=_prompt_tokens(generation),
+                    completion_tokens=produced,
+                    finished_by_length=self._backend.finished_by_length(generation, produced),
+                )
+            reason = (pb.FINISH_REASON_LENGTH if summary.finished_by_length
+                      else pb.FINISH_REASON_STOP)
             state = State.COMPLETED
             yield pb.GenerateResponse(
                 finish=pb.Finish(
                     reason=reason,
-                    usage=pb.Usage(
-                        prompt_tokens=_prompt_tokens(generation), completion_tokens=produced
-                    ),
+                    usage=pb.Usage(prompt_tokens=summary.prompt_tokens,
+                                   completion_tokens=summary.completion_tokens),
                 )
             )
         except (asyncio.CancelledError, GeneratorExit):
             # CancelledError when the cancel lands in an await (a decode step);
             # GeneratorExit when grpc closes this generator while it is parked
-            # at a `yield`. Both mean the caller is gone.
-            self._stats.mark_cancel(record)
-            state = State.CANCELLED
+            # at a `yield`. Both mean the caller is gone. Unless the finish event
+            # had already gone out: a caller that cancels instead of waiting for
+            # the trailers (a gateway done with the stream) cancelled nothing.
+            if state is not State.COMPLETED:
+                self._stats.mark_cancel(record)
+                state = State.CANCELLED
             raise
         except BackendError as exc:
             if produced == 0:
-                await context.abort(grpc.StatusCode.INTERNAL, f"{exc.code}: {exc.message}")
+                await context.abort(grpc.StatusCode[exc.status], f"{exc.code}: {exc.message}")
             yield pb.GenerateResponse(error=pb.StreamError(code=exc.code, message=exc.message))
         finally:
             self._admission.release()
@@ -147,6 +179,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             generations_failed=stats.failed,
             tokens_after_cancel=stats.tokens_after_cancel,
             generations=[_record_to_pb(r) for r in stats.records(request.request_id)],
+            load=self._load(),
+        )
+
+    def _load(self) -> pb.EngineLoad:
+        admission, backend = self._admission, self._backend.load()
+        return pb.EngineLoad(
+            running=admission.running, running_limit=admission.running_limit,
+            queue_waiting=admission.waiting, queue_limit=admission.queued_limit,
+            device=backend.device, device_memory_allocated=backend.device_memory_allocated,
         )
 
     def _on_done(self, context: grpc.aio.ServicerContext, record: GenerationRecord) -> None:

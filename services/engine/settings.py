@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,14 +18,56 @@ class FakeModelDefaults(BaseSettings):
     answer_tokens: int = Field(50, ge=1)
 
 
+class HFSettings(BaseSettings):
+    """The transformers backend (services/engine/backends/hf.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_HF_", extra="ignore")
+
+    # A local directory written by save_pretrained, or a hub name where a hub is
+    # reachable (set HF_HUB_OFFLINE=1 to be sure nothing is fetched).
+    model: str = ""
+    # "auto": the first CUDA device when torch sees one, else the CPU.
+    device: str = "auto"
+    # "auto": bfloat16 on a GPU that supports it, float16 on other GPUs, float32 on CPU.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # 0 decodes greedily (deterministic: the lab's tests rely on it); above 0 samples.
+    temperature: float = Field(0.0, ge=0)
+    seed: int = 0
+    # Keep decoding past end-of-sequence until max_tokens (benchmarks want a fixed length).
+    ignore_eos: bool = False
+    # torch CPU threads (0: torch's default, one per core).
+    cpu_threads: int = Field(0, ge=0)
+    trust_remote_code: bool = False
+
+
+class OpenAIUpstreamSettings(BaseSettings):
+    """The OpenAI-compatible upstream backend (services/engine/backends/openai_upstream.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_OPENAI_", extra="ignore")
+
+    # Up to and including the version prefix, e.g. http://127.0.0.1:8000/v1
+    base_url: str = ""
+    # Sent as `model`; vLLM wants the served name, Ollama a tag.
+    model: str = ""
+    api_key: SecretStr | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    # Longest silence between bytes (a long prefill, a think pause) before the
+    # generation fails with DEADLINE_EXCEEDED.
+    read_timeout_s: float = Field(120.0, gt=0)
+    # Forward the request's fake-model timing as the `streamlab` body field:
+    # only for an upstream that is itself a streamlab gateway (a chained lab).
+    forward_streamlab_timing: bool = False
+
+
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STREAMLAB_ENGINE_", extra="ignore")
 
     host: str = "127.0.0.1"
     port: int = 50051
-    backend: Literal["fake"] = "fake"
+    backend: Literal["fake", "hf", "openai"] = "fake"
     # Generations running at once (GPU slots), and how many more may wait for
-    # one; past both the engine answers RESOURCE_EXHAUSTED at once.
+    # one; past both the engine answers RESOURCE_EXHAUSTED at once. A backend
+    # with a concurrency of its own lowers the first (the hf backend: 1).
     max_running_generations: int = Field(64, ge=1)
     max_queued_generations: int = Field(64, ge=0)
     # Upper bound on max_tokens a request may ask for.
@@ -39,3 +81,5 @@ class EngineSettings(BaseSettings):
     # Seconds live calls get to finish on SIGTERM before they are cancelled.
     shutdown_grace_s: float = Field(5.0, ge=0)
     fake: FakeModelDefaults = Field(default_factory=FakeModelDefaults)
+    hf: HFSettings = Field(default_factory=HFSettings)
+    openai: OpenAIUpstreamSettings = Field(default_factory=OpenAIUpstreamSettings)

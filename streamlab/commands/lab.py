@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import grpc
 import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab import Lab, LabOptions
 from streamlab.processes import StartError
 from streamlab.topology import REPO_ROOT, Ports
@@ -34,17 +36,41 @@ def attached(run_dir: Path) -> Lab:
 
 
 @app.command()
-def up(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+def up(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    backend: Annotated[BackendName, typer.Option(
+        help="The engine's model: the timed fake, transformers (hf), or an "
+             "OpenAI-compatible server (openai).")] = "fake",
+    model: Annotated[str | None, typer.Option(
+        help="hf: a model directory (save_pretrained) or hub name; openai: the model name "
+             "to ask the upstream for.")] = None,
+    device: Annotated[str | None, typer.Option(help="hf: auto, cpu, cuda, cuda:1 …")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="hf: auto, bfloat16, float16 or float32.")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="openai: the upstream's base URL, e.g. http://127.0.0.1:8000/v1")] = None,
+    api_key_env: Annotated[str | None, typer.Option(
+        help="openai: the environment variable that holds the upstream's API key.")] = None,
+) -> None:
     """Start engine, Toxiproxy, gateway and nginx (detached) and print their URLs."""
+    try:
+        choice = choose(backend, model=model, device=device, dtype=dtype, base_url=base_url,
+                        api_key_env=api_key_env)
+    except BackendChoiceError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if (run_dir / "state.json").exists():
         lab = Lab.attach(run_dir)
         if any(s["running"] for s in lab.status().values()):
             err.print("[yellow]A lab is already up[/] (see `streamlab status`); "
                       "`streamlab down` first.")
             raise typer.Exit(1)
-    lab = Lab(Ports.load(), LabOptions(run_dir=run_dir))
+    options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
+                         gateway_env=choice.gateway_env)
+    if choice.engine_ready_timeout_s is not None:
+        options.engine_ready_timeout_s = choice.engine_ready_timeout_s
+    lab = Lab(Ports.load(), options)
     try:
-        with console.status("starting the lab…"):
+        with console.status(f"starting the lab ({backend} model)…"):
             lab.up()
     except (StartError, FileNotFoundError) as exc:
         err.print(f"[red]streamlab up failed:[/] {exc}")
@@ -87,6 +113,24 @@ def _print_status(lab: Lab) -> None:
         health = "[green]healthy[/]" if entry["healthy"] else "[red]down[/]"
         table.add_row(name, entry["url"], str(entry["pid"] or "-"), health)
     console.print(table)
+    _print_engine_load(lab)
+
+
+def _print_engine_load(lab: Lab) -> None:
+    """The engine's model, slots and queue, from GetStats (silent if it does not answer)."""
+    try:
+        stats = lab.engine_stats()
+    except grpc.RpcError:
+        return
+    load = stats.load
+    line = f"engine model: {stats.backend}"
+    if load.device:
+        line += f" on {load.device}"
+    line += (f" · running {load.running}/{load.running_limit}"
+             f" · queue {load.queue_waiting}/{load.queue_limit} waiting")
+    if load.device_memory_allocated:
+        line += f" · {load.device_memory_allocated / 2**20:.0f} MiB on the device"
+    console.print(line)
 
 
 @app.command()
@@ -97,13 +141,16 @@ def chat(
     prefill_ms: Annotated[int | None, typer.Option(help="Fake model prefill delay.")] = None,
     gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
     tokens: Annotated[int | None, typer.Option(help="How many tokens to generate.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="The request's max_tokens: what bounds a real model's answer.")] = None,
     timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
     request_id: Annotated[str | None, typer.Option(help="X-Request-Id to send.")] = None,
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
     url = f"{lab.edge_url}{path.rstrip('/')}/v1/chat/completions"
-    body = chat_body(prompt, prefill_ms=prefill_ms, token_gap_ms=gap_ms, answer_tokens=tokens)
+    body = chat_body(prompt, max_tokens=max_tokens, prefill_ms=prefill_ms, token_gap_ms=gap_ms,
+                     answer_tokens=tokens)
 
     async def run() -> None:
         timeout = httpx.Timeout(timeout_s, connect=5.0)

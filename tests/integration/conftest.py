@@ -124,3 +124,8 @@ def add_toxic(toxiproxy: Toxiproxy) -> AddToxic:
     """`add_toxic("edge", Toxic("latency", {"latency": 300}))`; gone after the test
     (the autouse reset also re-enables every hop)."""
     return toxiproxy.add_toxic
+
+
+# The transformers backend's and the upstream chain's fixtures live beside their tests.
+from tests.integration.hf_fixtures import hf_lab, tiny_model_dir  # noqa: E402, F401
+from tests.integration.upstream_fixtures import openai_lab, upstream_pair  # noqa: E402, F401

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
-from services.engine.backends.base import FakeTiming, GenerationInput, TokenTracker
+from services.engine.backends.base import BackendLoad, FakeTiming, GenerationInput, TokenTracker
 
 # A fixed passage. Two words are multi-byte on purpose: cuts in the middle of a
 # UTF-8 character must not corrupt them, and tests can see if they do.
@@ -51,8 +51,12 @@ def answer_length(request: GenerationInput) -> int:
 
 class FakeModel:
     name = "fake"
+    defers_acceptance = False
+    max_concurrency: int | None = None
 
-    async def generate(self, request: GenerationInput, tracker: TokenTracker) -> AsyncIterator[str]:
+    async def generate(
+        self, request: GenerationInput, tracker: TokenTracker
+    ) -> AsyncGenerator[str, None]:
         start = time.monotonic()
         for index, offset in enumerate(schedule(request.timing, answer_length(request))):
             delay = start + offset - time.monotonic()
@@ -64,3 +68,9 @@ class FakeModel:
 
     def finished_by_length(self, request: GenerationInput, produced: int) -> bool:
         return request.timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
+
+    def load(self) -> BackendLoad:
+        return BackendLoad()  # a clock, not a device
+
+    async def aclose(self) -> None:
+        pass

@@ -138,7 +138,7 @@ class GenerationRecord(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[GenerationState, str]] = ..., tokens_generated: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., started_at: _Optional[float] = ..., cancelled_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations")
+    __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations", "load")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class GetStatsResponse(_message.Message):
     GENERATIONS_FAILED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_AFTER_CANCEL_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     backend: str
     tokens_generated: int
     generations_active: int
@@ -157,4 +158,21 @@ class GetStatsResponse(_message.Message):
     generations_failed: int
     tokens_after_cancel: int
     generations: _containers.RepeatedCompositeFieldContainer[GenerationRecord]
-    def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ...) -> None: ...
+    load: EngineLoad
+    def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ...) -> None: ...
+
+class EngineLoad(_message.Message):
+    __slots__ = ("running", "running_limit", "queue_waiting", "queue_limit", "device", "device_memory_allocated")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAITING_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    running_limit: int
+    queue_waiting: int
+    queue_limit: int
+    device: str
+    device_memory_allocated: int
+    def __init__(self, running: _Optional[int] = ..., running_limit: _Optional[int] = ..., queue_waiting: _Optional[int] = ..., queue_limit: _Optional[int] = ..., device: _Optional[str] = ..., device_memory_allocated: _Optional[int] = ...) -> None: ...
