@@ -2,8 +2,9 @@
 
 Every setting is an overridable fixture (`lab_options`, `lab_ports`), the lab
 waits for readiness with deadlines, and a failed start stops whatever had
-started. Toxics are reset after every test so one test's fault never leaks
-into the next.
+started. With STREAMLAB_TARGET=compose the same tests run against a running
+compose project instead (see `lab`). Toxics are reset after every test so one
+test's fault never leaks into the next.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streamlab.compose import ComposeLab, selected_target
 from streamlab.lab import Lab, LabOptions
 from streamlab.topology import Ports
 from streamlab.toxiproxy import Toxic, Toxiproxy
@@ -79,8 +81,16 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
 
 
 @pytest.fixture(scope="session")
-def lab(lab_ports: Ports, lab_options: LabOptions) -> Iterator[Lab]:
-    lab = Lab(lab_ports, lab_options)
+def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    if selected_target() == "compose":
+        # STREAMLAB_TARGET=compose: attach to the compose project through its
+        # published ports (scripts/compose_test.sh brings it up with this
+        # suite's gateway settings and takes it down); never start or stop it.
+        compose_lab = ComposeLab.from_env()
+        compose_lab.wait_ready()
+        yield compose_lab
+        return
+    lab = Lab(request.getfixturevalue("lab_ports"), request.getfixturevalue("lab_options"))
     lab.up()  # stops what it started if it fails
     try:
         yield lab
