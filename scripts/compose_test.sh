@@ -129,7 +129,7 @@ EOF
   image_rm() { podman rmi --no-prune "$1" >/dev/null 2>&1; }
 fi
 
-# ---- free host ports; the tests' gateway settings ------------------------------------
+# ---- free host ports; the suite's service settings ------------------------------------
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
 names = ["EDGE", "NGINX", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API", "GATEWAY", "ENGINE"]
@@ -140,10 +140,16 @@ for name, s in zip(names, socks):
     print(f"STREAMLAB_{name}_PORT={s.getsockname()[1]}")
 EOF
 while IFS='=' read -r name value; do export "$name=$value"; done <"$RUN_DIR/ports.env"
-# The same values the local-lab fixture gives its gateway (one definition).
-STREAMLAB_GATEWAY_HEARTBEAT_S=$(.venv/bin/python -c \
-  'from tests.integration.conftest import TEST_HEARTBEAT_S; print(TEST_HEARTBEAT_S)')
-export STREAMLAB_GATEWAY_HEARTBEAT_S STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S=3
+# The settings the local-lab fixture gives engine and gateway (one definition,
+# tests/integration/conftest.py), as env files for compose.yaml's env_file.
+.venv/bin/python - "$RUN_DIR" <<'EOF'
+import sys
+from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV
+for service, env in (("engine", TEST_ENGINE_ENV), ("gateway", TEST_GATEWAY_ENV)):
+    with open(f"{sys.argv[1]}/{service}.env", "w") as out:
+        out.writelines(f"{key}={value}\n" for key, value in env.items())
+EOF
+export STREAMLAB_ENGINE_ENV_FILE="$RUN_DIR/engine.env" STREAMLAB_GATEWAY_ENV_FILE="$RUN_DIR/gateway.env"
 
 # ---- build, up, test ---------------------------------------------------------------
 t0=$SECONDS

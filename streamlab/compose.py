@@ -103,6 +103,10 @@ class ComposeLab(Lab):
     def stop_service(self, name: str, grace_s: float = 10.0) -> None:
         self.compose("stop", "-t", f"{grace_s:.0f}", name)
 
+    def kill_service(self, name: str) -> None:
+        """SIGKILL, no grace: a crash, for fault tests."""
+        self.compose("kill", name)
+
     def start_service(self, name: str) -> None:
         # `start` returns once the container runs; readiness is ours to wait for.
         self.compose("start", name)

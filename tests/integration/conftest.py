@@ -35,6 +35,30 @@ TEST_DRAIN_GRACE_S = 2.0
 TEST_ENGINE_IDLE_S, TEST_MAX_STREAM_S = 6.0, 40.0
 TEST_GATEWAY_STREAMS, TEST_PER_CLIENT_STREAMS = 60, 25
 
+# The services' settings for this suite; scripts/compose_test.sh gives the compose
+# lab the same ones (as env files), so both targets run the suite alike.
+TEST_ENGINE_ENV: dict[str, str] = {
+    "STREAMLAB_ENGINE_KEEPALIVE_S": "2",
+    # Slow-reader tests need answers longer than every buffer on the way.
+    "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
+    # Small caps so tests/integration/test_limits.py can reach them.
+    "STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": str(TEST_ENGINE_RUNNING),
+    "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": str(TEST_ENGINE_QUEUED),
+    "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+}
+TEST_GATEWAY_ENV: dict[str, str] = {
+    "STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
+    "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
+    "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
+    "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
+    "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+    "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
+    "STREAMLAB_GATEWAY_ENGINE_IDLE_TIMEOUT_S": str(TEST_ENGINE_IDLE_S),
+    "STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S": str(TEST_MAX_STREAM_S),
+    "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
+    "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS),
+}
+
 
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
@@ -60,23 +84,8 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     run_dir: Path = tmp_path_factory.mktemp("lab")
     return LabOptions(
         run_dir=run_dir,
-        engine_env={"STREAMLAB_ENGINE_KEEPALIVE_S": "2",
-                    # Slow-reader tests need answers longer than every buffer on the way.
-                    "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
-                    # Small caps so tests/integration/test_limits.py can reach them.
-                    "STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": str(TEST_ENGINE_RUNNING),
-                    "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": str(TEST_ENGINE_QUEUED),
-                    "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
-        gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
-                     "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
-                     "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
-                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
-                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
-                     "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
-                     "STREAMLAB_GATEWAY_ENGINE_IDLE_TIMEOUT_S": str(TEST_ENGINE_IDLE_S),
-                     "STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S": str(TEST_MAX_STREAM_S),
-                     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
-                     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS)},
+        engine_env=dict(TEST_ENGINE_ENV),
+        gateway_env=dict(TEST_GATEWAY_ENV),
     )
 
 
