@@ -15,34 +15,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 started=$SECONDS
 
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/streamlab-compose.XXXXXX")
 PROJECT="streamlab-test-$$"
 export STREAMLAB_COMPOSE_PROJECT="$PROJECT" STREAMLAB_IMAGE_TAG="$PROJECT"
-PODMAN_PID="" HEALTH_PID="" ENGINE="" COMPOSE=()
+PODMAN_PID="" HEALTH_PID="" ENGINE="" COMPOSE=() PROJECT_CREATED=""
 
 # ---- teardown: always, whatever failed ------------------------------------------
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
   set +e
-  if [ -n "$ENGINE" ]; then
+  if [ -n "$PROJECT_CREATED" ]; then
     if [ "$rc" -ne 0 ]; then
       say "failed (exit $rc): the services' last log lines"
       "${COMPOSE[@]}" logs --no-color --tail=30 >&2
     fi
     say "taking the compose lab down"
-    timeout 120 "${COMPOSE[@]}" down --volumes --remove-orphans >/dev/null 2>&1
+    timeout --foreground 120 "${COMPOSE[@]}" down --volumes --remove-orphans >/dev/null 2>&1
     # The images were tagged for this run only; their layers stay cached.
     for service in engine gateway toxiproxy nginx client; do
       image_rm "streamlab-$service:$PROJECT"
     done
   fi
   # Only what this script started, by pid.
-  [ -n "$HEALTH_PID" ] && kill "$HEALTH_PID" 2>/dev/null && wait "$HEALTH_PID" 2>/dev/null
+  [ -n "$HEALTH_PID" ] && kill -- "-$HEALTH_PID" 2>/dev/null && wait "$HEALTH_PID" 2>/dev/null
   [ -n "$PODMAN_PID" ] && kill "$PODMAN_PID" 2>/dev/null && wait "$PODMAN_PID" 2>/dev/null
   rm -rf "$RUN_DIR"
   say "compose test finished in $((SECONDS - started)) s (exit $rc)"
@@ -68,7 +67,7 @@ else
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
       echo "missing: ${missing[*]}; install them (Debian: apt-get install podman runc" \
            "docker-compose debootstrap) or run with a Docker engine" >&2
-      ENGINE=""; exit 1
+      exit 1
     fi
     say "installing ${missing[*]} and their network stack from Debian's packages"
     apt-get update -qq
@@ -100,7 +99,7 @@ EOF
 
   # --- podman's Docker-compatible API, on a socket of this run's own
   SOCKET="$RUN_DIR/podman.sock"
-  podman system service --time=0 "unix://$SOCKET" >"$RUN_DIR/podman-service.log" 2>&1 &
+  setsid podman system service --time=0 "unix://$SOCKET" >"$RUN_DIR/podman-service.log" 2>&1 &
   PODMAN_PID=$!
   export DOCKER_HOST="unix://$SOCKET"
   for _ in $(seq 100); do
@@ -111,15 +110,16 @@ EOF
 
   # --- health checks: podman runs them from systemd timers, and there is no
   # systemd here, so compose would wait forever on `service_healthy`.
-  (
+  # Its own session (setsid), like the API service: a Ctrl-C to this script's
+  # process group must not take them down before teardown has used them.
+  PROJECT="$PROJECT" setsid bash -c '
     while true; do
       for id in $(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" \
                     --filter status=running 2>/dev/null); do
         podman healthcheck run "$id" >/dev/null 2>&1 || true
       done
       sleep 2
-    done
-  ) &
+    done' &
   HEALTH_PID=$!
 
   export STREAMLAB_COMPOSE_COMMAND="docker-compose"
@@ -153,16 +153,20 @@ export STREAMLAB_ENGINE_ENV_FILE="$RUN_DIR/engine.env" STREAMLAB_GATEWAY_ENV_FIL
 
 # ---- build, up, test ---------------------------------------------------------------
 t0=$SECONDS
+PROJECT_CREATED=1  # from here on, teardown has a project (and images) to remove
 say "building the images ($ENGINE)"
-timeout 900 "${COMPOSE[@]}" build >"$RUN_DIR/build.log" 2>&1 || { tail -n 40 "$RUN_DIR/build.log" >&2; exit 1; }
+timeout --foreground 900 "${COMPOSE[@]}" build >"$RUN_DIR/build.log" 2>&1 || { tail -n 40 "$RUN_DIR/build.log" >&2; exit 1; }
 say "images built in $((SECONDS - t0)) s; bringing project $PROJECT up"
 t0=$SECONDS
-# `up -d` returns once each service's dependencies report healthy.
-timeout 300 "${COMPOSE[@]}" up -d
+# `up -d` returns once each service's dependencies report healthy. (--foreground:
+# timeout would otherwise put compose in a process group Ctrl-C does not reach.)
+timeout --foreground 300 "${COMPOSE[@]}" up -d
 say "up in $((SECONDS - t0)) s; edge on 127.0.0.1:$STREAMLAB_EDGE_PORT"
 # Only `up` waits on health; the suite probes the services itself. Stopping
 # the loop gives its CPU back to the timing-sensitive tests (2 shared cores).
-if [ -n "$HEALTH_PID" ]; then kill "$HEALTH_PID"; wait "$HEALTH_PID" 2>/dev/null || true; HEALTH_PID=""; fi
+if [ -n "$HEALTH_PID" ]; then
+  kill -- "-$HEALTH_PID"; wait "$HEALTH_PID" 2>/dev/null || true; HEALTH_PID=""
+fi
 
 export STREAMLAB_TARGET=compose
 .venv/bin/streamlab status
