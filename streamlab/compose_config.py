@@ -62,7 +62,8 @@ def nginx_config(ports: Ports, options: nginx.NginxOptions | None = None) -> str
               " do not edit.\n")
     return header + nginx.render(nginx.TEMPLATE.read_text(), {
         "run_dir": NGINX_RUN_DIR,
-        # nginx's default: workers as nobody, who owns the image's temp dir.
+        # The image's build-time default worker user; nginx creates the temp
+        # paths for it (proxies/nginx/Dockerfile).
         "user_directive": "",
         "listen_host": LISTEN_HOST,
         "listen_port": str(ports.nginx_port),
