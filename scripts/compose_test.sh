@@ -60,7 +60,7 @@ else
   ENGINE=podman
   # --- what podman needs, from Debian's packages, skipping what is there
   missing=()
-  for tool in podman runc docker-compose debootstrap; do
+  for tool in podman runc docker-compose debootstrap curl; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -74,7 +74,7 @@ else
     # No recommends: docker-compose would pull in docker.io and containerd.
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       podman runc docker-compose debootstrap netavark aardvark-dns catatonit \
-      iptables uidmap slirp4netns >/dev/null
+      iptables uidmap slirp4netns curl >/dev/null
   fi
 
   # --- podman's configuration for this run only (the system's is left alone).
