@@ -112,6 +112,9 @@ class ComposeLab(Lab):
         self.compose("start", name)
         processes.wait_until(self._probes()[name], READY_TIMEOUT_S, f"compose service {name}",
                              log_hint=self._log_hint)
+        # Like the local lab: the whole chain, so nginx drops stale upstream connections.
+        processes.wait_until(self._chain_ready, READY_TIMEOUT_S, "the chain (edge /readyz)",
+                             log_hint=self._log_hint)
 
     def save_state(self) -> None:
         """Compose keeps the state; there is nothing to write."""
