@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install up down status test lint typecheck protos check-protos unit integration clean
+.PHONY: install up down status test lint typecheck protos check-protos unit integration clean \
+	test-compose compose-config
 
 install:
 	@bash scripts/install.sh
@@ -42,6 +43,15 @@ unit: install
 
 integration: install
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+# The integration suite against compose.yaml's containers (builds the images,
+# brings the project up on free ports, always takes it down). See README.
+test-compose: install
+	@bash scripts/compose_test.sh $(PYTEST_ARGS)
+
+# Regenerate the compose lab's Toxiproxy and nginx configs from lab.env.
+compose-config:
+	$(BIN)/streamlab compose config
 
 clean: down
 	rm -rf .run .mypy_cache .ruff_cache .pytest_cache

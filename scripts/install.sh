@@ -75,8 +75,10 @@ if [ ! -x .tools/bin/toxiproxy-server ] || [ ! -x .tools/bin/toxiproxy-cli ]; th
   fi
   say "building Toxiproxy $TOXIPROXY_VERSION (go install)"
   mkdir -p .tools/gobin .tools/bin
-  GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
-  GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXIPROXY_VERSION"
+  # CGO_ENABLED=0: static binaries, which the compose lab's local Toxiproxy
+  # image (FROM scratch, scripts/compose_images.sh) reuses without a rebuild.
+  CGO_ENABLED=0 GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  CGO_ENABLED=0 GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXIPROXY_VERSION"
   mv .tools/gobin/server .tools/bin/toxiproxy-server
   mv .tools/gobin/cli .tools/bin/toxiproxy-cli
 fi

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from streamlab.commands import bench, bench_cancel, lab, resume, scenario, soak, toxic
+from streamlab.commands import bench, bench_cancel, compose, lab, resume, scenario, soak, toxic
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Lab lifecycle: up, down, status, chat (top-level commands).
@@ -16,6 +16,7 @@ app.add_typer(resume.app, name="resume")
 toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")
+app.add_typer(compose.app, name="compose")
 
 
 def main() -> None:

@@ -50,14 +50,16 @@ class Hop:
     name: str
     listen_port: int
     upstream_port: int
+    # The compose service listening on upstream_port (compose.yaml's service names).
+    upstream_service: str = ""
 
 
 def hops(ports: Ports) -> tuple[Hop, Hop, Hop]:
     """The three faultable hops, client side first."""
     return (
-        Hop("edge", ports.edge_port, ports.nginx_port),
-        Hop("upstream", ports.upstream_port, ports.gateway_port),
-        Hop("engine", ports.engine_proxy_port, ports.engine_port),
+        Hop("edge", ports.edge_port, ports.nginx_port, "nginx"),
+        Hop("upstream", ports.upstream_port, ports.gateway_port, "gateway"),
+        Hop("engine", ports.engine_proxy_port, ports.engine_port, "engine"),
     )
 
 

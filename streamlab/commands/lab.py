@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.compose import ComposeLab, selected_target
 from streamlab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab import Lab, LabOptions
 from streamlab.processes import StartError
@@ -28,11 +29,22 @@ DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 
 
 def attached(run_dir: Path) -> Lab:
-    """The lab `streamlab up` started from run_dir, or a clear exit if there is none."""
+    """The lab `streamlab up` started from run_dir, or a clear exit if there is none.
+    With STREAMLAB_TARGET=compose: the compose project, through its published ports."""
+    if selected_target() == "compose":
+        return ComposeLab.from_env()
     if not (run_dir / "state.json").exists():
         err.print(f"[red]No lab is running from {run_dir}.[/] Start one with `streamlab up`.")
         raise typer.Exit(1)
     return Lab.attach(run_dir)
+
+
+def _not_for_compose(instead: str) -> None:
+    # Compose owns the compose lab's lifecycle; two owners would fight over it.
+    if selected_target() == "compose":
+        err.print(f"STREAMLAB_TARGET=compose: the compose lab is started and stopped by "
+                  f"compose itself: [bold]{instead}[/]")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -53,6 +65,7 @@ def up(
         help="openai: the environment variable that holds the upstream's API key.")] = None,
 ) -> None:
     """Start engine, Toxiproxy, gateway and nginx (detached) and print their URLs."""
+    _not_for_compose("docker compose up --build -d")
     try:
         choice = choose(backend, model=model, device=device, dtype=dtype, base_url=base_url,
                         api_key_env=api_key_env)
@@ -85,6 +98,7 @@ def up(
 @app.command()
 def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
     """Stop every service of the lab (SIGTERM, grace, SIGKILL)."""
+    _not_for_compose("docker compose down")
     if not (run_dir / "state.json").exists():
         console.print("No lab is running.")
         return

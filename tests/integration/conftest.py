@@ -2,8 +2,9 @@
 
 Every setting is an overridable fixture (`lab_options`, `lab_ports`), the lab
 waits for readiness with deadlines, and a failed start stops whatever had
-started. Toxics are reset after every test so one test's fault never leaks
-into the next.
+started. With STREAMLAB_TARGET=compose the same tests run against a running
+compose project instead (see `lab`). Toxics are reset after every test so one
+test's fault never leaks into the next.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streamlab.compose import ComposeLab, selected_target
 from streamlab.lab import Lab, LabOptions
 from streamlab.topology import Ports
 from streamlab.toxiproxy import Toxic, Toxiproxy
@@ -32,6 +34,30 @@ TEST_DRAIN_GRACE_S = 2.0
 # Longer than every think pause the other tests use; the deadline tests exceed them.
 TEST_ENGINE_IDLE_S, TEST_MAX_STREAM_S = 6.0, 40.0
 TEST_GATEWAY_STREAMS, TEST_PER_CLIENT_STREAMS = 60, 25
+
+# The services' settings for this suite; scripts/compose_test.sh gives the compose
+# lab the same ones (as env files), so both targets run the suite alike.
+TEST_ENGINE_ENV: dict[str, str] = {
+    "STREAMLAB_ENGINE_KEEPALIVE_S": "2",
+    # Slow-reader tests need answers longer than every buffer on the way.
+    "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
+    # Small caps so tests/integration/test_limits.py can reach them.
+    "STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": str(TEST_ENGINE_RUNNING),
+    "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": str(TEST_ENGINE_QUEUED),
+    "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+}
+TEST_GATEWAY_ENV: dict[str, str] = {
+    "STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
+    "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
+    "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
+    "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
+    "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
+    "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
+    "STREAMLAB_GATEWAY_ENGINE_IDLE_TIMEOUT_S": str(TEST_ENGINE_IDLE_S),
+    "STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S": str(TEST_MAX_STREAM_S),
+    "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
+    "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS),
+}
 
 
 def free_ports(count: int) -> list[int]:
@@ -58,29 +84,22 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     run_dir: Path = tmp_path_factory.mktemp("lab")
     return LabOptions(
         run_dir=run_dir,
-        engine_env={"STREAMLAB_ENGINE_KEEPALIVE_S": "2",
-                    # Slow-reader tests need answers longer than every buffer on the way.
-                    "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000",
-                    # Small caps so tests/integration/test_limits.py can reach them.
-                    "STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": str(TEST_ENGINE_RUNNING),
-                    "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": str(TEST_ENGINE_QUEUED),
-                    "STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S": "1"},
-        gateway_env={"STREAMLAB_GATEWAY_HEARTBEAT_S": str(TEST_HEARTBEAT_S),
-                     "STREAMLAB_GATEWAY_ENGINE_ACCEPT_TIMEOUT_S": "3",
-                     "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": str(TEST_SEND_TIMEOUT_S),
-                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_S": "1",
-                     "STREAMLAB_GATEWAY_ENGINE_KEEPALIVE_TIMEOUT_S": "1",
-                     "STREAMLAB_GATEWAY_DRAIN_GRACE_S": str(TEST_DRAIN_GRACE_S),
-                     "STREAMLAB_GATEWAY_ENGINE_IDLE_TIMEOUT_S": str(TEST_ENGINE_IDLE_S),
-                     "STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S": str(TEST_MAX_STREAM_S),
-                     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
-                     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS)},
+        engine_env=dict(TEST_ENGINE_ENV),
+        gateway_env=dict(TEST_GATEWAY_ENV),
     )
 
 
 @pytest.fixture(scope="session")
-def lab(lab_ports: Ports, lab_options: LabOptions) -> Iterator[Lab]:
-    lab = Lab(lab_ports, lab_options)
+def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    if selected_target() == "compose":
+        # STREAMLAB_TARGET=compose: attach to the compose project through its
+        # published ports (scripts/compose_test.sh brings it up with this
+        # suite's gateway settings and takes it down); never start or stop it.
+        compose_lab = ComposeLab.from_env()
+        compose_lab.wait_ready()
+        yield compose_lab
+        return
+    lab = Lab(request.getfixturevalue("lab_ports"), request.getfixturevalue("lab_options"))
     lab.up()  # stops what it started if it fails
     try:
         yield lab

@@ -12,6 +12,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 async def test_small_chaos_soak_loses_nothing_and_leaks_nothing(lab: Lab) -> None:
+    if "gateway" not in lab.running:
+        pytest.skip("measures the gateway process's RSS from the host by pid; the compose "
+                    "lab's gateway runs in a container (STREAMLAB_TARGET=compose)")
     report = await soak(target_for(lab), streams=60, concurrency=12, duration_s=60,
                         engine_kills=1, seed=11)
     print(dict(report.outcomes), report)

@@ -32,6 +32,17 @@ def test_bad_streamlab_options_are_rejected(streamlab: dict[str, object]) -> Non
             {"messages": [{"role": "user", "content": "x"}], "streamlab": streamlab})
 
 
+@pytest.mark.parametrize("extra", [{"max_tokens": 2**32}, {"max_completion_tokens": 2**32},
+                                   {"streamlab": {"pauses": [{"after_token": 2**32,
+                                                              "pause_ms": 1}]}}])
+def test_counts_past_the_wire_s_uint32_are_rejected_not_a_500(extra: dict[str, object]) -> None:
+    """Found by the bad-input fuzz test against the compose lab: max_tokens=2**32
+    passed validation and failed building the protobuf request (500)."""
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], **extra})
+
+
 def test_chunks_are_openai_chat_completion_chunks() -> None:
     writer = ChunkWriter("rid", "m")
     first, second = json.loads(writer.token("a")), json.loads(writer.token("b"))

@@ -1,0 +1,147 @@
+"""The lab as a running compose project, seen through its published ports.
+
+`STREAMLAB_TARGET=compose` makes the CLI (`status`, `chat`) and the pytest
+`lab` fixture attach to a topology that `docker compose up` started, instead
+of starting local processes. Compose publishes the same ports on 127.0.0.1 as
+the local lab uses (lab.env, or STREAMLAB_*_PORT overrides), so everything
+that talks to a `Lab` through its URLs works unchanged. What differs is the
+lifecycle: services are stopped and started through the compose command, and
+this class never brings the project up or down (whoever ran `up` owns that).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamlab import processes
+from streamlab.lab import ORDER, Lab, LabOptions
+from streamlab.processes import StartError
+from streamlab.topology import REPO_ROOT, Ports
+
+Target = Literal["local", "compose"]
+COMPOSE_CALL_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 60.0
+
+
+class TargetSettings(BaseSettings):
+    """Which lab the CLI and the tests talk to."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_", extra="ignore")
+
+    target: Target = "local"
+
+
+class ComposeSettings(BaseSettings):
+    """How to reach the compose project (env prefix STREAMLAB_COMPOSE_)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_COMPOSE_", extra="ignore")
+
+    # The compose program, split like a shell would: "docker compose" (v2),
+    # "docker-compose" (v1) or "podman-compose".
+    command: str = "docker compose"
+    # Project name (-p); empty means compose's own default (the directory name).
+    project: str = ""
+    file: Path = REPO_ROOT / "compose.yaml"
+
+    def argv(self, *args: str) -> list[str]:
+        project = ["-p", self.project] if self.project else []
+        return [*shlex.split(self.command), "-f", str(self.file), *project, *args]
+
+
+def selected_target() -> Target:
+    return TargetSettings().target
+
+
+class ComposeError(RuntimeError):
+    pass
+
+
+class ComposeLab(Lab):
+    def __init__(self, ports: Ports, settings: ComposeSettings | None = None) -> None:
+        super().__init__(ports, LabOptions(run_dir=REPO_ROOT / ".run" / "compose"))
+        self.settings = settings or ComposeSettings()
+
+    @classmethod
+    def from_env(cls) -> ComposeLab:
+        return cls(Ports.load(), ComposeSettings())
+
+    def compose(self, *args: str) -> str:
+        argv = self.settings.argv(*args)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=True,
+                                  timeout=COMPOSE_CALL_TIMEOUT_S, cwd=REPO_ROOT)
+        except subprocess.CalledProcessError as exc:
+            raise ComposeError(f"`{shlex.join(argv)}` failed ({exc.returncode}): "
+                               f"{exc.stderr.strip()}") from exc
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ComposeError(f"`{shlex.join(argv)}` did not run: {exc}") from exc
+        return done.stdout
+
+    # ---- lifecycle: attach only ----------------------------------------------
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """The whole chain answers through every published port, within a deadline."""
+        for name, probe in self._probes().items():
+            processes.wait_until(probe, timeout_s, f"compose service {name}",
+                                 log_hint=self._log_hint)
+        processes.wait_until(self._chain_ready, timeout_s, "the chain (edge /readyz)",
+                             log_hint=self._log_hint)
+
+    def up(self) -> None:
+        raise StartError("the compose lab is brought up by compose itself: "
+                         "`docker compose up --build -d` (see README)")
+
+    def down(self, grace_s: float = 10.0) -> None:
+        raise StartError("the compose lab is taken down by compose itself: `docker compose down`")
+
+    def stop_service(self, name: str, grace_s: float = 10.0) -> None:
+        self.compose("stop", "-t", f"{grace_s:.0f}", name)
+
+    def kill_service(self, name: str) -> None:
+        """SIGKILL, no grace: a crash, for fault tests."""
+        self.compose("kill", name)
+
+    def start_service(self, name: str) -> None:
+        # `start` returns once the container runs; readiness is ours to wait for.
+        self.compose("start", name)
+        processes.wait_until(self._probes()[name], READY_TIMEOUT_S, f"compose service {name}",
+                             log_hint=self._log_hint)
+        # Like the local lab: the whole chain, so nginx drops stale upstream connections.
+        processes.wait_until(self._chain_ready, READY_TIMEOUT_S, "the chain (edge /readyz)",
+                             log_hint=self._log_hint)
+
+    def save_state(self) -> None:
+        """Compose keeps the state; there is nothing to write."""
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        result = super().status()
+        for entry in result.values():
+            # No pids of ours: a service counts as running when it answers.
+            entry["running"] = entry["healthy"]
+        return result
+
+    def _probes(self) -> dict[str, Callable[[], bool]]:
+        return {
+            "engine": self.engine_healthy,
+            "toxiproxy": self._toxiproxy_ready,
+            "gateway": lambda: _http_ok(f"{self.gateway_url}/healthz"),
+            "nginx": lambda: _http_ok(f"{self.nginx_url}/nginx-health"),
+        }
+
+    def _chain_ready(self) -> bool:
+        return _http_ok(f"{self.edge_url}/readyz")
+
+    def _log_hint(self) -> str:
+        project = f" -p {self.settings.project}" if self.settings.project else ""
+        return (f"is the compose project up? See `{self.settings.command}{project} ps` "
+                f"and `... logs` (services: {', '.join(ORDER)})")
+
+
+def _http_ok(url: str) -> bool:
+    return httpx.get(url, timeout=1.0).status_code == 200

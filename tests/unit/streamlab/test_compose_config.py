@@ -1,0 +1,106 @@
+"""compose.yaml and its generated proxy configs agree with lab.env's one definition."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streamlab import compose_config
+from streamlab.compose import ComposeSettings
+from streamlab.topology import REPO_ROOT, hops
+
+COMPOSE = REPO_ROOT / "compose.yaml"
+PUBLISHED = re.compile(r"^\$\{STREAMLAB_HOST:-127\.0\.0\.1\}:\$\{(STREAMLAB_\w+):\?[^}]*\}:(\d+)$")
+# Which lab.env port each published container port stands for.
+PORT_KEYS = {
+    "STREAMLAB_EDGE_PORT": "edge_port",
+    "STREAMLAB_NGINX_PORT": "nginx_port",
+    "STREAMLAB_UPSTREAM_PORT": "upstream_port",
+    "STREAMLAB_ENGINE_PROXY_PORT": "engine_proxy_port",
+    "STREAMLAB_TOXIPROXY_API_PORT": "toxiproxy_api_port",
+    "STREAMLAB_GATEWAY_PORT": "gateway_port",
+    "STREAMLAB_ENGINE_PORT": "engine_port",
+}
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())["services"]
+    return loaded
+
+
+def test_committed_configs_match_the_generator() -> None:
+    compose_config.check()  # raises ConfigDrift naming the stale file
+
+
+def test_drift_is_reported_with_the_file_and_the_fix() -> None:
+    stale = REPO_ROOT / "proxies" / "toxiproxy" / "compose.json"
+    error = compose_config.ConfigDrift(stale)
+    assert "proxies/toxiproxy/compose.json" in str(error)
+    assert "streamlab compose config" in str(error)
+
+
+def test_each_hop_points_at_the_service_behind_it() -> None:
+    ports = compose_config.container_ports()
+    specs = {s.name: s for s in compose_config.toxiproxy_specs(ports)}
+    assert specs["edge"].upstream == f"nginx:{ports.nginx_port}"
+    assert specs["upstream"].upstream == f"gateway:{ports.gateway_port}"
+    assert specs["engine"].upstream == f"engine:{ports.engine_port}"
+    assert {s.listen for s in specs.values()} == {
+        f"0.0.0.0:{h.listen_port}" for h in hops(ports)}
+
+
+def test_nginx_reaches_the_gateway_through_toxiproxy() -> None:
+    ports = compose_config.container_ports()
+    text = compose_config.nginx_config(ports)
+    assert f"server toxiproxy:{ports.upstream_port};" in text
+    assert f"listen 0.0.0.0:{ports.nginx_port};" in text
+    assert "{{" not in text
+
+
+def test_container_ports_ignore_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMLAB_EDGE_PORT", "9999")
+    assert compose_config.container_ports().edge_port != 9999
+
+
+def test_published_ports_are_lab_env_ports_on_both_sides(services: dict[str, Any]) -> None:
+    ports = compose_config.container_ports().model_dump()
+    published: dict[str, int] = {}
+    for service in services.values():
+        for entry in service.get("ports", []):
+            match = PUBLISHED.match(entry)
+            assert match, f"not published on 127.0.0.1 from a lab.env port: {entry}"
+            published[match.group(1)] = int(match.group(2))
+    assert published.keys() == PORT_KEYS.keys()
+    for variable, container_port in published.items():
+        assert ports[PORT_KEYS[variable]] == container_port, variable
+
+
+def test_every_service_is_checked_ordered_and_has_an_init(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        assert service.get("init") is True, name
+        check = service["healthcheck"]
+        assert check.get("test") or check.get("disable"), name
+        # podman's compat API splits CMD arguments on spaces: one word each.
+        assert not any(" " in word for word in check.get("test", [])[1:]), name
+        for dependency in service.get("depends_on", {}).values():
+            assert dependency == {"condition": "service_healthy"}, name
+
+
+def test_gateway_calls_the_engine_through_the_engine_hop(services: dict[str, Any]) -> None:
+    ports = compose_config.container_ports()
+    target = services["gateway"]["environment"]["STREAMLAB_GATEWAY_ENGINE_TARGET"]
+    assert target == f"toxiproxy:{ports.engine_proxy_port}"
+
+
+def test_compose_argv_names_file_and_project() -> None:
+    settings = ComposeSettings(command="docker-compose", project="lab-1",
+                               file=Path("/repo/compose.yaml"))
+    assert settings.argv("stop", "engine") == [
+        "docker-compose", "-f", "/repo/compose.yaml", "-p", "lab-1", "stop", "engine"]
+    assert ComposeSettings(command="docker compose", project="").argv("ps")[:3] == [
+        "docker", "compose", "-f"]
