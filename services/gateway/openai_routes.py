@@ -29,10 +29,11 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
+from services.gateway.admission import check_new_stream, open_engine_stream
 from services.gateway.drain import DRAINING, Drain
-from services.gateway.engine_client import EngineClient, EngineStream
-from services.gateway.errors import BadRequest, EngineError, GatewayError
-from services.gateway.limits import StreamLimiter, client_key
+from services.gateway.engine_client import EngineStream
+from services.gateway.errors import BadRequest, EngineError
+from services.gateway.limits import client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import (
     ChatCompletionRequest,
@@ -64,28 +65,13 @@ def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = request.app.state
     settings: GatewaySettings = state.settings
-    engine: EngineClient = state.engine
     metrics: GatewayMetrics = state.metrics
 
     request_id = request_id_for(request, body)
-    prompt_chars = sum(len(m.content) for m in body.messages)
-    if prompt_chars > settings.max_prompt_chars:
-        raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
-                         f"the limit is {settings.max_prompt_chars}")
+    check_new_stream(state, body.messages)
+    stream, slot = await open_engine_stream(state, client_key(request),
+                                            body.to_engine_request(request_id))
     drain: Drain = state.drain
-    if drain.draining:
-        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
-                           headers={"Retry-After": str(settings.retry_after_s)})
-    limiter: StreamLimiter = state.limiter
-    slot = limiter.acquire(client_key(request))  # 429 before anything starts
-    try:
-        stream = await engine.open(body.to_engine_request(request_id))
-    except BaseException as exc:
-        slot.release()
-        if isinstance(exc, EngineError):
-            metrics.engine_errors.labels(exc.code).inc()
-        raise
-    drain.track(stream)
     headers = {"X-Request-Id": stream.request_id}
     if not body.stream:
         try:

@@ -43,10 +43,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from services.gateway.drain import DRAINING, Drain
-from services.gateway.engine_client import EngineClient
-from services.gateway.errors import BadRequest, EngineError, GatewayError
-from services.gateway.limits import StreamLimiter, client_key
+from services.gateway.admission import check_new_stream, open_engine_stream
+from services.gateway.drain import Drain
+from services.gateway.errors import BadRequest, GatewayError
+from services.gateway.limits import client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.replay_log import BadEventId, event_id, is_stream_id, parse_event_id
@@ -104,33 +104,17 @@ def _policy(settings: GatewaySettings, options: ResumeOptions | None) -> StreamP
 async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResponse:
     state = request.app.state
     registry: StreamRegistry = state.streams
-    engine: EngineClient = state.engine
-    metrics: GatewayMetrics = state.metrics
 
     settings: GatewaySettings = state.settings
-    prompt_chars = sum(len(m.content) for m in body.messages)
-    if prompt_chars > settings.max_prompt_chars:
-        raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
-                         f"the limit is {settings.max_prompt_chars}")
-    drain: Drain = state.drain
-    if drain.draining:
-        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
-                           headers={"Retry-After": str(settings.retry_after_s)})
+    check_new_stream(state, body.messages)
     registry.ensure_capacity()
     # The same stream caps as the OpenAI route: a resumable generation holds
-    # its slot until it ends (not until its connection does).
-    limiter: StreamLimiter = state.limiter
-    slot = limiter.acquire(client_key(request))
+    # its slot until it ends (not until its connection does). A drain waits for
+    # the generation (not for its readers), then cancels it.
     stream_id = registry.new_id()  # also the engine's request id
-    try:
-        engine_stream = await engine.open(body.to_engine_request(stream_id))
-    except BaseException as exc:
-        slot.release()
-        if isinstance(exc, EngineError):
-            metrics.engine_errors.labels(exc.code).inc()
-        raise
-    # A drain waits for the generation (not for its readers), then cancels it.
-    drain.track(engine_stream)
+    engine_stream, slot = await open_engine_stream(state, client_key(request),
+                                                   body.to_engine_request(stream_id))
+    drain: Drain = state.drain
 
     def ended() -> None:
         drain.untrack(engine_stream)
