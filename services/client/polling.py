@@ -45,35 +45,18 @@ async def _poll(client: httpx.AsyncClient, base_url: str, job_id: str, since: in
     return answer
 
 
-async def short_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                     interval_s: float) -> TransportRun:
-    run = TransportRun(f"poll {interval_s * 1000:g} ms")
+async def _follow(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                  run: TransportRun, *, interval_s: float | None, wait_s: float
+                  ) -> TransportRun:
+    """Start a job and poll it to the end: on a timetable (`interval_s`), or
+    again as soon as each answer lands (None)."""
     try:
         job_id = await _start(client, base_url, body, run)
         since, tick = 0, 0
         while job_id is not None:
-            tick += 1
-            await asyncio.sleep(max(0.0, tick * interval_s - run.elapsed()))
-            answer = await _poll(client, base_url, job_id, since, run)
-            if answer is None:
-                break
-            since = answer["next"]
-            if answer["done"]:
-                run.done = True
-                break
-    except httpx.HTTPError as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-    return run.finish()
-
-
-async def long_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                    wait_s: float = 30.0) -> TransportRun:
-    """The client's read timeout must exceed wait_s (the server holds that long)."""
-    run = TransportRun("long poll")
-    try:
-        job_id = await _start(client, base_url, body, run)
-        since = 0
-        while job_id is not None:
+            if interval_s is not None:
+                tick += 1
+                await asyncio.sleep(max(0.0, tick * interval_s - run.elapsed()))
             answer = await _poll(client, base_url, job_id, since, run, wait_s=wait_s)
             if answer is None:
                 break
@@ -84,3 +67,16 @@ async def long_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, An
     except httpx.HTTPError as exc:
         run.error = f"{type(exc).__name__}: {exc}"
     return run.finish()
+
+
+async def short_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                     interval_s: float) -> TransportRun:
+    return await _follow(client, base_url, body, TransportRun(f"poll {interval_s * 1000:g} ms"),
+                         interval_s=interval_s, wait_s=0.0)
+
+
+async def long_poll(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                    wait_s: float = 30.0) -> TransportRun:
+    """The client's read timeout must exceed wait_s (the server holds that long)."""
+    return await _follow(client, base_url, body, TransportRun("long poll"),
+                         interval_s=None, wait_s=wait_s)
