@@ -1,7 +1,9 @@
 """What every new stream passes before the engine starts, in one place, for
-every route that starts one (OpenAI SSE, resume):
+every route that starts one (OpenAI SSE, resume; polling jobs pass the checks
+but take no stream slot):
 
-    check_new_stream   prompt size (400), drain (503 + Retry-After)
+    check_new_stream   broken modes when refused (400), prompt size (400),
+                       drain (503 + Retry-After)
     open_engine_stream stream caps (429 + Retry-After), then the engine call;
                        the slot is released if the call cannot start, and a
                        started call is tracked by the drain
@@ -16,13 +18,18 @@ from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamLimiter, StreamSlot
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.openai_api import Message
+from services.gateway.openai_api import Message, StreamlabOptions
 from services.gateway.settings import GatewaySettings
 from streamlab.api.engine.v1 import engine_pb2 as pb
 
 
-def check_new_stream(state: Any, messages: list[Message]) -> None:
+def check_new_stream(state: Any, messages: list[Message],
+                     options: StreamlabOptions | None) -> None:
     settings: GatewaySettings = state.settings
+    broken = options.broken_modes() if options else []
+    if broken and not settings.allow_broken_modes:
+        raise BadRequest("broken_mode_disabled",
+                         f"this gateway refuses the lab's broken modes: {', '.join(broken)}")
     prompt_chars = sum(len(m.content) for m in messages)
     if prompt_chars > settings.max_prompt_chars:
         raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "

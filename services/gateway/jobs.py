@@ -10,11 +10,13 @@ request that started it. Who owns what:
   `news` event); it never owns the stream, so a poller that leaves mid-wait
   cancels nothing.
 - The reaper (one task per store, started by the router's lifespan) enforces
-  the TTL: a job nobody has polled for `ttl_s` is cancelled at the engine and
+  the TTL: a job nobody has polled for its TTL is cancelled at the engine and
   deleted, finished or not. With no connection to close, "not polled lately"
-  is the only sign a polling client has gone. `ttl_s = 0` turns the reaper
-  off, which is the seed's leak: the engine writes for nobody and the tokens
-  stay in memory forever.
+  is the only sign a polling client has gone. A TTL of 0 never expires, which
+  is the seed's leak: the engine writes for nobody and the tokens stay in
+  memory forever. Each job carries its own TTL (the store's by default; a
+  request may shorten it, or set 0 in the lab's broken mode), so the leak and
+  its fix run side by side on one gateway.
 - On shutdown the store cancels every pump.
 """
 
@@ -35,6 +37,23 @@ from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS
 
 
+class JobTtlTooLong(GatewayError):
+    def __init__(self, requested_s: float, limit_s: float) -> None:
+        super().__init__(400, "job_ttl_too_long",
+                         f"job_ttl_s {requested_s:g} is longer than this gateway's job TTL "
+                         f"({limit_s:g} s); a request may only shorten it")
+
+
+def job_ttl(default_s: float, requested_s: float | None) -> float:
+    """A job's TTL: the gateway's, or a shorter one the request asked for.
+    0 means never (the leak; admission refuses it unless broken modes are on)."""
+    if requested_s is None:
+        return default_s
+    if requested_s > 0 and default_s > 0 and requested_s > default_s:
+        raise JobTtlTooLong(requested_s, default_s)
+    return requested_s
+
+
 class JobNotFound(GatewayError):
     def __init__(self, job_id: str) -> None:
         super().__init__(404, "job_not_found",
@@ -45,6 +64,7 @@ class JobNotFound(GatewayError):
 class Job:
     id: str
     request_id: str
+    ttl_s: float = 0.0  # 0: never expires
     tokens: list[str] = field(default_factory=list)
     done: bool = False
     finish_reason: str | None = None
@@ -61,7 +81,7 @@ class Job:
 
     def view(self, since: int) -> dict[str, Any]:
         since = max(0, since)
-        return {"id": self.id, "object": "job", "tokens": self.tokens[since:],
+        return {"id": self.id, "object": "job", "ttl_s": self.ttl_s, "tokens": self.tokens[since:],
                 "next": max(since, len(self.tokens)), "done": self.done,
                 "finish_reason": self.finish_reason, "error": self.error}
 
@@ -88,9 +108,12 @@ class JobStore:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def start(self, stream: EngineStream, on_end: Callable[[], None] = lambda: None) -> Job:
-        """Own `stream` from now on; `on_end` runs once its call is over."""
-        job = Job(id=uuid.uuid4().hex, request_id=stream.request_id)
+    def start(self, stream: EngineStream, on_end: Callable[[], None] = lambda: None,
+              ttl_s: float | None = None) -> Job:
+        """Own `stream` from now on; `on_end` runs once its call is over. The job
+        expires `ttl_s` after its last poll (the store's TTL when None)."""
+        job = Job(id=uuid.uuid4().hex, request_id=stream.request_id,
+                  ttl_s=self.ttl_s if ttl_s is None else ttl_s)
         job.task = asyncio.create_task(self._pump(job, stream), name=f"job-{job.id}")
 
         def ended(_: asyncio.Task[None]) -> None:
@@ -163,27 +186,32 @@ class JobStore:
 
     # ---- TTL ------------------------------------------------------------------
     def expire(self, now: float | None = None) -> list[Job]:
-        """Delete (and cancel) every job idle for longer than the TTL."""
-        if self.ttl_s <= 0:
-            return []
+        """Delete (and cancel) every job idle for longer than its TTL."""
         now = time.monotonic() if now is None else now
         idle = [job for job in self._jobs.values()
-                if job.waiters == 0 and now - job.last_seen > self.ttl_s]
+                if job.ttl_s > 0 and job.waiters == 0 and now - job.last_seen > job.ttl_s]
         for job in idle:
             del self._jobs[job.id]
             self._metrics.expired.labels("finished" if job.done else "generating").inc()
             self._stop(job)
         return idle
 
+    def reap_interval(self) -> float:
+        """A quarter of the shortest TTL in force (between 50 ms and 1 s): a job
+        lives at most 1.25 x its TTL past its last poll."""
+        ttls = [job.ttl_s for job in self._jobs.values() if job.ttl_s > 0]
+        if self.ttl_s > 0:
+            ttls.append(self.ttl_s)
+        return min(1.0, max(0.05, min(ttls, default=4.0) / 4))
+
     async def _reap_forever(self) -> None:
-        # A quarter of the TTL: a job lives at most 1.25 x TTL past its last poll.
-        interval = min(1.0, max(0.05, self.ttl_s / 4))
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.reap_interval())
             self.expire()
 
     def open(self) -> None:
-        if self.ttl_s > 0 and self._reaper is None:
+        # Always on, even when the store's TTL is 0: a request may set its own.
+        if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever(), name="job-reaper")
 
     async def close(self) -> None:

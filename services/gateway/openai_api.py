@@ -11,6 +11,15 @@ timing for this one request, so tests and scenarios need no restarts:
 `heartbeat_s` overrides the gateway's `: ping` interval for this one stream
 (0 turns pings off), so a scenario can show an idle cut and its fix on the
 same running gateway.
+
+Three knobs select a *broken* behaviour, so the lab can show a failure and
+its fix on one running gateway (`StreamlabOptions.broken_modes`); a gateway
+with `allow_broken_modes` off refuses them with 400:
+
+    "relay": "detached_unbounded"  the engine writes on for nobody (relay.py)
+    "engine_errors": "swallow"     an engine-hop fault ends the stream with
+                                   [DONE]: a cut that looks like success
+    "job_ttl_s": 0                 a polling job that never expires (jobs.py)
 """
 
 from __future__ import annotations
@@ -46,6 +55,23 @@ class StreamlabOptions(BaseModel):
     relay: RelayMode = "direct"
     # Floor of 50 ms: a smaller interval is a ping flood, not a heartbeat.
     heartbeat_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
+    # What the OpenAI route does when the engine hop fails mid-stream: report
+    # it (an error event, no [DONE]) or swallow it (the classic bug).
+    engine_errors: Literal["report", "swallow"] = "report"
+    # Polling jobs only: this job's TTL. None: the gateway's; 0: never expires
+    # (the leak). It may shorten the gateway's TTL, never lengthen it.
+    job_ttl_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
+
+    def broken_modes(self) -> list[str]:
+        """The knobs of this request that select a broken behaviour."""
+        modes = []
+        if self.relay != "direct":
+            modes.append(f"relay={self.relay}")
+        if self.engine_errors == "swallow":
+            modes.append("engine_errors=swallow")
+        if self.job_ttl_s == 0:
+            modes.append("job_ttl_s=0")
+        return modes
 
     def heartbeat_or(self, default_s: float) -> float:
         if self.heartbeat_s is None:

@@ -68,7 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     metrics: GatewayMetrics = state.metrics
 
     request_id = request_id_for(request, body)
-    check_new_stream(state, body.messages)
+    check_new_stream(state, body.messages, body.streamlab)
     stream, slot = await open_engine_stream(state, client_key(request),
                                             body.to_engine_request(request_id))
     drain: Drain = state.drain
@@ -85,8 +85,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return ServerSentEvent(comment="ping")
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    relay_mode = body.streamlab.relay if body.streamlab else "direct"
-    relay = open_relay(relay_mode, stream, state.background_tasks)
+    options = body.streamlab or StreamlabOptions()
+    relay = open_relay(options.relay, stream, state.background_tasks)
 
     def release() -> None:
         relay.close()
@@ -96,9 +96,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return GuardedEventSourceResponse(
         release,
         _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
-                metrics, settings.drain_retry_ms),
+                metrics, settings.drain_retry_ms,
+                swallow_errors=options.engine_errors == "swallow"),
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        ping=(body.streamlab or StreamlabOptions()).heartbeat_or(settings.heartbeat_s),
+        ping=options.heartbeat_or(settings.heartbeat_s),
         ping_message_factory=ping,
         sep="\n",
         # A client that accepts no bytes for this long is cut, and its
@@ -126,7 +127,7 @@ class GuardedEventSourceResponse(EventSourceResponse):
 
 async def _events(
     relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics,
-    retry_ms: int,
+    retry_ms: int, swallow_errors: bool = False,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
@@ -153,7 +154,13 @@ async def _events(
         # follows, so no client mistakes the cut for a complete answer.
         outcome = "engine_error"
         metrics.engine_errors.labels(exc.code).inc()
-        if exc.code == DRAINING:
+        if swallow_errors:
+            # The broken mode (engine_errors=swallow): what a relay with a bare
+            # `except: pass` around its loop sends. The client cannot tell the
+            # cut from a whole answer; only the metric below knows.
+            outcome = "engine_error_swallowed"
+            yield ServerSentEvent(data="[DONE]")
+        elif exc.code == DRAINING:
             # `retry:` tells an EventSource when to come back (to another gateway).
             outcome = "drained"
             yield ServerSentEvent(data=json.dumps(exc.body()), retry=retry_ms)

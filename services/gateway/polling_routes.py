@@ -1,6 +1,8 @@
 """Short and long polling over a job (see services/gateway/jobs.py).
 
-    POST   /v1/jobs                    body as /v1/chat/completions → 201 {"id": ...}
+    POST   /v1/jobs                    body as /v1/chat/completions → 201 {"id": ...,
+                                       "ttl_s": ...}; "streamlab": {"job_ttl_s": S}
+                                       shortens this job's TTL
     GET    /v1/jobs/{id}?since=N       tokens from index N now (short polling)
     GET    /v1/jobs/{id}?since=N&wait_s=S
                                        hold until there is a token past N, the job
@@ -22,10 +24,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.gateway.drain import DRAINING, Drain
+from services.gateway.admission import check_new_stream
+from services.gateway.drain import Drain
 from services.gateway.engine_client import EngineClient
-from services.gateway.errors import EngineError, GatewayError
-from services.gateway.jobs import JobMetrics, JobStore
+from services.gateway.errors import EngineError
+from services.gateway.jobs import JobMetrics, JobStore, job_ttl
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.openai_routes import request_id_for
@@ -57,9 +60,9 @@ async def start_job(body: ChatCompletionRequest, request: Request) -> JSONRespon
     settings: GatewaySettings = request.app.state.settings
     drain: Drain = request.app.state.drain
     request_id = request_id_for(request, body)
-    if drain.draining:
-        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
-                           headers={"Retry-After": str(settings.retry_after_s)})
+    # The SSE route's checks, but no stream slot: a job is not an open connection.
+    check_new_stream(request.app.state, body.messages, body.streamlab)
+    ttl_s = job_ttl(settings.job_ttl_s, body.streamlab.job_ttl_s if body.streamlab else None)
     try:
         stream = await engine.open(body.to_engine_request(request_id))
     except EngineError as exc:
@@ -68,8 +71,10 @@ async def start_job(body: ChatCompletionRequest, request: Request) -> JSONRespon
     # A draining gateway cancels what is still generating; pollers then read
     # the job's `error` (server_draining) instead of a job that never ends.
     drain.track(stream)
-    job = request.app.state.jobs.start(stream, on_end=lambda: drain.untrack(stream))
-    return JSONResponse({"id": job.id, "object": "job", "request_id": job.request_id},
+    job = request.app.state.jobs.start(stream, on_end=lambda: drain.untrack(stream),
+                                       ttl_s=ttl_s)
+    return JSONResponse({"id": job.id, "object": "job", "request_id": job.request_id,
+                         "ttl_s": job.ttl_s},
                         status_code=201, headers={"X-Request-Id": job.request_id})
 
 

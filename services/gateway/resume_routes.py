@@ -106,7 +106,7 @@ async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResp
     registry: StreamRegistry = state.streams
 
     settings: GatewaySettings = state.settings
-    check_new_stream(state, body.messages)
+    check_new_stream(state, body.messages, body.streamlab)
     registry.ensure_capacity()
     # The same stream caps as the OpenAI route: a resumable generation holds
     # its slot until it ends (not until its connection does). A drain waits for

@@ -49,6 +49,11 @@ class GatewaySettings(BaseSettings):
     # Bearer keys accepted on /v1/* and /ws (services/gateway/auth.py). Empty: no
     # auth (the lab's default). As an env var, a JSON list: '["sk-lab-1"]'.
     api_keys: list[str] = Field(default_factory=list, repr=False)
+    # Whether a request may select a broken behaviour for contrast (the
+    # `streamlab` knobs relay=detached_unbounded, engine_errors=swallow,
+    # job_ttl_s=0; see openai_api.py). On in the lab, which exists to show
+    # them; turn it off anywhere a client could use them to leak work.
+    allow_broken_modes: bool = True
     # Model name reported in responses.
     model_name: str = "streamlab-fake"
 

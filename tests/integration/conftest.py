@@ -10,6 +10,7 @@ test's fault never leaks into the next.
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+from streamlab import processes
 from streamlab.compose import ComposeLab, selected_target
 from streamlab.lab import Lab, LabOptions
-from streamlab.topology import Ports
+from streamlab.processes import ServiceSpec
+from streamlab.topology import REPO_ROOT, Ports
 from streamlab.toxiproxy import Toxic, Toxiproxy
 
 pytestmark = pytest.mark.integration
@@ -125,6 +128,35 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     timeout = httpx.Timeout(10.0, connect=5.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         yield client
+
+
+@pytest.fixture
+def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start another gateway on the lab's engine hop, with settings of its own
+    (`extra_gateway("name", STREAMLAB_GATEWAY_X="1")` -> its base URL); every
+    one is stopped at the end of the test."""
+    started: list[processes.Running] = []
+
+    def start(name: str, **env: str) -> str:
+        port = free_ports(1)[0]
+        url = f"http://{lab.ports.host}:{port}"
+        spec = ServiceSpec(
+            name, [sys.executable, "-m", "services.gateway"],
+            env={"STREAMLAB_GATEWAY_HOST": lab.ports.host,
+                 "STREAMLAB_GATEWAY_PORT": str(port),
+                 "STREAMLAB_GATEWAY_ENGINE_TARGET": lab.engine_target, **env},
+            ready=lambda: httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200,
+            cwd=REPO_ROOT)
+        running = processes.start(spec, tmp_path / "logs")
+        started.append(running)
+        processes.wait_ready(running)
+        return url
+
+    try:
+        yield start
+    finally:
+        for running in started:
+            processes.stop(running, grace_s=5.0)
 
 
 # ---- Toxiproxy as a Python API, for tests ---------------------------------------------

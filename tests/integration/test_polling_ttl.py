@@ -9,11 +9,9 @@ the engine's counters tell what each did.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -22,12 +20,8 @@ import pytest
 
 from services.client.openai_stream import chat_body
 from services.client.polling import short_poll
-from streamlab import processes
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
-from streamlab.processes import ServiceSpec
-from streamlab.topology import REPO_ROOT
-from tests.integration.conftest import free_ports
 from tests.integration.engine_probe import wait_for_generation_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -38,31 +32,10 @@ ABANDONED: dict[str, Any] = {"prefill_ms": 10, "token_gap_ms": 20, "answer_token
 
 
 @pytest.fixture
-def start_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[[float], str]]:
-    """Start an extra gateway with a given job TTL; stop every one at the end."""
-    started: list[processes.Running] = []
-
-    def start(ttl_s: float) -> str:
-        port = free_ports(1)[0]
-        url = f"http://{lab.ports.host}:{port}"
-        spec = ServiceSpec(
-            f"gateway-ttl-{ttl_s:g}", [sys.executable, "-m", "services.gateway"],
-            env={"STREAMLAB_GATEWAY_HOST": lab.ports.host,
-                 "STREAMLAB_GATEWAY_PORT": str(port),
-                 "STREAMLAB_GATEWAY_ENGINE_TARGET": lab.engine_target,
-                 "STREAMLAB_GATEWAY_JOB_TTL_S": str(ttl_s)},
-            ready=lambda: httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200,
-            cwd=REPO_ROOT)
-        running = processes.start(spec, tmp_path / "logs")
-        started.append(running)
-        processes.wait_ready(running)
-        return url
-
-    try:
-        yield start
-    finally:
-        for running in started:
-            processes.stop(running, grace_s=5.0)
+def start_gateway(extra_gateway: Callable[..., str]) -> Callable[[float], str]:
+    """Start an extra gateway on the lab's engine with a given job TTL."""
+    return lambda ttl_s: extra_gateway(f"gateway-ttl-{ttl_s:g}",
+                                       STREAMLAB_GATEWAY_JOB_TTL_S=str(ttl_s))
 
 
 def state_of(lab: Lab, request_id: str) -> pb.GenerationRecord:
@@ -133,3 +106,28 @@ async def test_a_job_that_is_polled_outlives_the_ttl(
     assert run.error is None, run.error
     assert run.done
     assert len(run.texts) == timing["answer_tokens"]
+
+
+async def test_a_request_may_shorten_its_jobs_ttl_but_not_lengthen_it(
+    lab: Lab, http: httpx.AsyncClient
+) -> None:
+    """Per-job TTL on the lab's own gateway (TTL 30 s): the leak and its fix
+    side by side without extra gateways (the poll-leak scenario runs on this)."""
+    tag = uuid.uuid4().hex[:8]
+    longer = await http.post(f"{lab.edge_url}/v1/jobs",
+                             json=chat_body("too long", **ABANDONED, job_ttl_s=120),
+                             headers={"X-Request-Id": f"ttl-long-{tag}"})
+    assert longer.status_code == 400
+    assert longer.json()["error"]["code"] == "job_ttl_too_long"
+    assert not lab.engine_stats(f"ttl-long-{tag}").generations, "refused, yet it started"
+
+    shorter = await http.post(f"{lab.edge_url}/v1/jobs",
+                              json=chat_body("abandon me", **ABANDONED, job_ttl_s=TTL_S),
+                              headers={"X-Request-Id": f"ttl-short-{tag}"})
+    assert shorter.status_code == 201
+    assert shorter.json()["ttl_s"] == TTL_S
+    record = await anyio.to_thread.run_sync(
+        wait_for_generation_end, lab, f"ttl-short-{tag}", TTL_S * 5 + 5)
+    assert record.state == pb.GENERATION_STATE_CANCELLED
+    job = await http.get(f"{lab.edge_url}/v1/jobs/{shorter.json()['id']}")
+    assert job.status_code == 404

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
-from services.gateway.jobs import Job, JobMetrics, JobStore
+from services.gateway.jobs import Job, JobMetrics, JobStore, JobTtlTooLong, job_ttl
 
 
 def store_with(ttl_s: float, *jobs: Job) -> JobStore:
@@ -16,16 +17,17 @@ def store_with(ttl_s: float, *jobs: Job) -> JobStore:
 
 def test_view_returns_tokens_from_an_index_and_the_next_one() -> None:
     job = Job(id="j", request_id="r", tokens=["a ", "b ", "c "])
-    assert job.view(1) == {"id": "j", "object": "job", "tokens": ["b ", "c "], "next": 3,
+    assert job.view(1) == {"id": "j", "object": "job", "ttl_s": 0.0,
+                           "tokens": ["b ", "c "], "next": 3,
                            "done": False, "finish_reason": None, "error": None}
     assert job.view(10)["next"] == 10
     assert job.view(10)["tokens"] == []
 
 
 def test_expire_deletes_only_jobs_idle_past_the_ttl() -> None:
-    idle = Job(id="idle", request_id="1", last_seen=100.0)
-    fresh = Job(id="fresh", request_id="2", last_seen=109.5)
-    waiting = Job(id="waiting", request_id="3", last_seen=100.0, waiters=1)
+    idle = Job(id="idle", request_id="1", ttl_s=5.0, last_seen=100.0)
+    fresh = Job(id="fresh", request_id="2", ttl_s=5.0, last_seen=109.5)
+    waiting = Job(id="waiting", request_id="3", ttl_s=5.0, last_seen=100.0, waiters=1)
     store = store_with(5.0, idle, fresh, waiting)
 
     assert [j.id for j in store.expire(now=110.0)] == ["idle"]
@@ -36,3 +38,33 @@ def test_ttl_zero_keeps_everything() -> None:
     store = store_with(0.0, Job(id="old", request_id="1", last_seen=0.0))
     assert store.expire(now=1e9) == []
     assert len(store) == 1
+
+
+def test_each_job_expires_by_its_own_ttl() -> None:
+    short = Job(id="short", request_id="1", ttl_s=1.0, last_seen=100.0)
+    default = Job(id="default", request_id="2", ttl_s=30.0, last_seen=100.0)
+    never = Job(id="never", request_id="3", ttl_s=0.0, last_seen=0.0)
+    store = store_with(30.0, short, default, never)
+
+    assert [j.id for j in store.expire(now=102.0)] == ["short"]
+    assert [j.id for j in store.expire(now=131.0)] == ["default"]
+    assert [j.id for j in store.expire(now=1e9)] == []  # the leak: kept forever
+    assert len(store) == 1
+
+
+def test_the_reaper_wakes_often_enough_for_the_shortest_ttl() -> None:
+    assert store_with(0.0).reap_interval() == 1.0  # nothing to reap soon
+    assert store_with(30.0).reap_interval() == 1.0
+    assert store_with(30.0, Job(id="j", request_id="1", ttl_s=0.4)).reap_interval() == 0.1
+    assert store_with(0.0, Job(id="j", request_id="1", ttl_s=0.01)).reap_interval() == 0.05
+
+
+def test_a_request_may_shorten_the_ttl_but_never_lengthen_it() -> None:
+    assert job_ttl(30.0, None) == 30.0
+    assert job_ttl(30.0, 1.0) == 1.0
+    assert job_ttl(30.0, 0.0) == 0.0  # never: a broken mode, gated at admission
+    assert job_ttl(0.0, 5.0) == 5.0  # a gateway without a TTL: any TTL shortens "never"
+    with pytest.raises(JobTtlTooLong) as refused:
+        job_ttl(30.0, 60.0)
+    assert refused.value.status_code == 400
+    assert refused.value.code == "job_ttl_too_long"
