@@ -4,6 +4,7 @@ measured checks that tell them apart. Data only; measures.py does the work."""
 
 from __future__ import annotations
 
+from streamlab.scenarios.engine_faults import ENGINE_FAULTS
 from streamlab.scenarios.lifecycle import LIFECYCLE
 from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_chat
 from streamlab.scenarios.model import Check, Scenario, Setup, Timing, Variant
@@ -198,4 +199,5 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
         shown=("stream_kb_per_s", "ttft_s", "last_token_lag_s", "total_s", "tokens", "done"),
     ),
     *LIFECYCLE,
+    *ENGINE_FAULTS,
 )}

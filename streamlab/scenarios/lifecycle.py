@@ -5,9 +5,11 @@ connection can pick up where it fell off.
     abandoned-tab  the client leaves after 3 tokens: does the engine stop?
     slow-reader    the client stops reading: does the engine pause, or run on?
     resume         the edge cuts the connection mid-stream: is anything lost?
+    poll-leak      a polling client walks away: does its job ever end?
 
-Broken and fixed differ by one per-request knob (the gateway's relay mode) or
-by the client (resuming or not), so they run against any lab that is up.
+Broken and fixed differ by one per-request knob (the gateway's relay mode, a
+polling job's TTL) or by the client (resuming or not), so they run against
+any lab that is up.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ LEAVE_AFTER = 3
 # The engine's default max_tokens limit: more than every buffer on the way holds
 # for one silent reader (the engine pauses near 2,500), so it runs on any lab.
 FLOOD_TOKENS = 4096
+# An abandoned polling job: TTL 1 s, and an answer (80 tokens, 4 s at the
+# default gap) that outlasts the TTL and the reaper's interval by far.
+JOB_TTL_S = 1.0
+JOB_TOKENS = 80
 
 
-async def _record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
+async def record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
     end = time.monotonic() + timeout_s
     record = None
     while time.monotonic() < end:
@@ -52,7 +58,7 @@ async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         result = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions", body,
                                    headers={"X-Request-Id": rid}, stop_after_tokens=LEAVE_AFTER)
     left_at = result.left_at or time.monotonic()
-    record = await _record_when_done(lab, rid, timing.model_total_s + 5)
+    record = await record_when_done(lab, rid, timing.model_total_s + 5)
     cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
     return {
         "client_tokens": len(result.texts),
@@ -94,7 +100,7 @@ async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
             await asyncio.sleep(0.1)
     finally:
         sock.close()
-    final = await _record_when_done(lab, rid, 10)
+    final = await record_when_done(lab, rid, 10)
     return {
         "paused_by_flow_control": paused_at is not None,
         "paused_at_tokens": paused_at,
@@ -107,6 +113,47 @@ async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
 async def resume_cut(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     mode: resume_scenario.Mode = "fixed" if setup.knobs.get("resume") else "broken"
     return await resume_scenario.measure(lab, mode, resume_scenario.ResumeTiming())
+
+
+async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    """Start a polling job through the edge, long-poll until a few tokens have
+    come, then walk away, as a closed tab does: no request, no connection."""
+    ttl_s = setup.knobs.get("job_ttl_s")
+    rid = f"scenario-poll-{uuid.uuid4().hex[:8]}"
+    body = chat_body("poll me", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
+                     answer_tokens=JOB_TOKENS, job_ttl_s=ttl_s)
+    jobs = f"{lab.edge_url}/v1/jobs"
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
+        started = await http.post(jobs, json=body, headers={"X-Request-Id": rid})
+        if started.status_code != 201:
+            return {"start_status": started.status_code, "engine_state": None}
+        job = started.json()
+        seen, end = 0, time.monotonic() + timing.model_total_s + 5
+        while seen < LEAVE_AFTER and time.monotonic() < end:
+            answer = (await http.get(f"{jobs}/{job['id']}",
+                                     params={"since": seen, "wait_s": 2.0})).json()
+            seen = answer["next"]
+        left_at = time.monotonic()
+        generation_s = timing.prefill_s + JOB_TOKENS * timing.gap_s
+        record = await record_when_done(lab, rid, generation_s + 5)
+        # Last, since asking counts as polling: is the job still held?
+        held = (await http.get(f"{jobs}/{job['id']}", params={"since": seen})).status_code == 200
+        if held:  # the harness mops up its own leak, so reruns do not pile up
+            await http.delete(f"{jobs}/{job['id']}")
+    cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
+    return {
+        "start_status": started.status_code,
+        "job_ttl_s": job["ttl_s"],
+        "client_tokens": seen,
+        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
+            "GENERATION_STATE_").lower() if record else None,
+        "tokens_generated": record.tokens_generated if record else None,
+        "tokens_after_client_left": record.tokens_generated - seen if record else None,
+        "tokens_after_cancel": record.tokens_after_cancel if record else None,
+        "reaped_after_s": (round(record.cancelled_at - left_at, 2)
+                           if record and cancelled else None),
+        "job_held_at_end": held,
+    }
 
 
 def _resume_checks(mode: resume_scenario.Mode) -> tuple[Check, ...]:
@@ -160,5 +207,28 @@ LIFECYCLE: tuple[Scenario, ...] = (
                       "EventSource-like client: retry:, then Last-Event-ID, replay, live"),
         shown=("cuts", "connections", "tokens", "missing", "duplicates", "text_equal",
                "terminal"),
+    ),
+    Scenario(
+        name="poll-leak",
+        summary="a polling client walks away after 3 tokens: without a TTL its job generates "
+                "to the end and stays in memory; with one it is cancelled and deleted",
+        measure=abandoned_job,
+        broken=Variant(
+            Setup(knobs={"job_ttl_s": 0}),
+            (Check("engine_state", "==", "completed", "the engine wrote the whole answer"),
+             Check("tokens_generated", "==", JOB_TOKENS, "every token, for nobody"),
+             Check("job_held_at_end", "==", True, "and the gateway still holds them all")),
+            "job_ttl_s: 0 (no TTL: nothing tells the gateway the client has gone)"),
+        fixed=Variant(
+            Setup(knobs={"job_ttl_s": JOB_TTL_S}),
+            (Check("engine_state", "==", "cancelled"),
+             Check("tokens_after_cancel", "<=", 1, "at most the decode step under way"),
+             Check("reaped_after_s", "<=", lambda t: 1.25 * JOB_TTL_S + t.tolerance_s,
+                   "within the TTL plus one reaper interval of the last poll"),
+             Check("job_held_at_end", "==", False, "deleted: its id now answers 404")),
+            f"job_ttl_s: {JOB_TTL_S:g} (the reaper cancels and deletes jobs nobody polls)"),
+        shown=("job_ttl_s", "client_tokens", "engine_state", "tokens_generated",
+               "tokens_after_client_left", "tokens_after_cancel", "reaped_after_s",
+               "job_held_at_end"),
     ),
 )

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from services.engine.settings import EngineSettings
+from services.gateway.settings import GatewaySettings
 from streamlab.lab import Lab
 from streamlab.scenarios.model import MODES, Check, Figure, Figures, Mode, Scenario, Timing
 
@@ -66,10 +68,22 @@ class Outcome:
 
 def timing_for(lab: Lab, **overrides: Any) -> Timing:
     """The default timing, with the idle timeout the lab's nginx really has and a
-    think pause twice as long (unless overridden)."""
+    think pause twice as long, and the gateway's keepalive as the lab sets it
+    (unless overridden)."""
     idle = lab.options.nginx.short_read_timeout_s
-    timing = replace(Timing(), idle_timeout_s=idle, think_s=2 * idle)
+    # The lab's own overrides on top of this shell's STREAMLAB_* (which the
+    # services started from it inherit), on top of the defaults.
+    gateway = GatewaySettings(**_fields(lab.options.gateway_env, "STREAMLAB_GATEWAY_"))
+    engine = EngineSettings(**_fields(lab.options.engine_env, "STREAMLAB_ENGINE_"))
+    timing = replace(Timing(), idle_timeout_s=idle, think_s=2 * idle,
+                     engine_dead_after_s=gateway.engine_keepalive_s
+                     + gateway.engine_keepalive_timeout_s,
+                     gateway_dead_after_s=engine.keepalive_s + engine.keepalive_timeout_s)
     return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
 def judge(checks: tuple[Check, ...], figures: Mapping[str, Figure], timing: Timing

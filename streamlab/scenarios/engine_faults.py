@@ -1,0 +1,175 @@
+"""Scenarios about the gRPC hop failing under a stream that is already flowing:
+
+    engine-reset      reset_peer on the engine hop (a RST mid-stream)
+    engine-cut        limit_data on the engine hop (the connection closes mid-message)
+    engine-down       the engine hop's proxy disabled (every connection closed)
+    engine-blackhole  timeout 0 on the engine hop: silence, no FIN, no RST
+
+Each fault is injected after the client's third token. Fixed, the gateway
+reports it: an OpenAI-style error event, no `[DONE]`, within a bound (a
+black hole is found by the gateway's gRPC keepalive). Broken, the gateway
+swallows it (`"streamlab": {"engine_errors": "swallow"}`, the bare
+`except: pass` around a relay loop) and ends with `[DONE]`: a truncated
+answer that every client takes for a whole one.
+
+A killed or restarted engine is the same failure seen from the gateway, but
+needs a service restart, which scenarios never do (they run against any lab
+that is up); tests/integration/test_engine_faults.py covers it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+
+import anyio
+import httpx
+
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
+from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab.lab import Lab
+from streamlab.scenarios.lifecycle import record_when_done
+from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
+from streamlab.toxiproxy import Toxic
+
+FAULT_AFTER = 3
+# 200 tokens: 10 s at the default gap, far past a loud fault's detection. A
+# black hole's answer is longer still: it must outlast both ends' keepalives.
+FAULT_TOKENS = 200
+# A RST, a closed connection or a disabled proxy are seen at once; this is slack
+# for a loaded machine, not a wait.
+LOUD_FAULT_BOUND_S = 3.0
+
+# What each fault does to the engine hop, through the lab's Toxiproxy.
+FAULTS: dict[str, Callable[[Lab], None]] = {
+    "reset_peer": lambda lab: _add_toxic(lab, Toxic("reset_peer", {"timeout": 0})),
+    "limit_data": lambda lab: _add_toxic(lab, Toxic("limit_data", {"bytes": 1})),
+    "disabled": lambda lab: _set_enabled(lab, False),
+    "timeout": lambda lab: _add_toxic(lab, Toxic("timeout", {"timeout": 0})),
+}
+
+
+def _add_toxic(lab: Lab, toxic: Toxic) -> None:
+    with lab.toxiproxy() as toxiproxy:
+        toxiproxy.add_toxic("engine", toxic)
+
+
+def _set_enabled(lab: Lab, enabled: bool) -> None:
+    with lab.toxiproxy() as toxiproxy:
+        toxiproxy.set_enabled("engine", enabled)
+
+
+async def engine_fault(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    """Stream a long answer through the edge; break the engine hop after the
+    third token; time how the client's stream ends. (The runner resets
+    Toxiproxy afterwards, which also re-enables a disabled proxy.)"""
+    fault = FAULTS[str(setup.knobs["fault"])]
+    tokens = max(FAULT_TOKENS, math.ceil(
+        (max(timing.engine_dead_after_s, timing.gateway_dead_after_s) + 5.0) / timing.gap_s))
+    rid = f"scenario-fault-{uuid.uuid4().hex[:8]}"
+    body = chat_body("long answer", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
+                     answer_tokens=tokens, max_tokens=tokens,
+                     engine_errors=setup.knobs.get("engine_errors", "report"))
+    # Heartbeats keep a read timeout from firing while the hop is silent, so the
+    # harness's patience is a deadline on the whole stream.
+    patience_s = timing.prefill_s + tokens * timing.gap_s + timing.engine_dead_after_s + 5.0
+    reached = anyio.Event()  # the FAULT_AFTER-th token, or the stream's end
+    seen: list[str] = []
+    results: list[StreamResult] = []
+
+    def on_token(text: str) -> None:
+        seen.append(text)
+        if len(seen) >= FAULT_AFTER:
+            reached.set()
+
+    async def read() -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(patience_s, connect=5.0)) as http:
+            results.append(await stream_chat(
+                http, f"{lab.edge_url}/v1/chat/completions", body,
+                headers={"X-Request-Id": rid}, on_token=on_token))
+        reached.set()
+        ended.set()
+
+    ended = anyio.Event()
+    injected_at: float | None = None
+    hung = False
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        with anyio.move_on_after(patience_s) as scope:
+            await reached.wait()
+            if not results:  # still streaming: break the hop under it
+                # Timed from the start of the API call: disabling a proxy closes
+                # its connections before the call returns.
+                injected_at = time.monotonic()
+                await anyio.to_thread.run_sync(fault, lab)
+            await ended.wait()
+        if scope.cancelled_caught:
+            hung = True
+            tasks.cancel_scope.cancel()
+    ended_at = time.monotonic()
+    result = results[0] if results else StreamResult()
+    record = await record_when_done(lab, rid, timing.gateway_dead_after_s + 5.0)
+    error = result.error or {}
+    return {
+        "fault_injected": injected_at is not None,
+        "client_tokens": len(result.texts),
+        "truncated": len(result.texts) < tokens,
+        "done": result.done,
+        "error_type": error.get("type"),
+        "error_code": error.get("code"),
+        "hung": hung,
+        "ended_after_fault_s": (round(ended_at - injected_at, 2)
+                                if injected_at is not None and not hung else None),
+        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
+            "GENERATION_STATE_").lower() if record else None,
+    }
+
+
+def _scenario(name: str, fault: str, summary: str, bound: Callable[[Timing], float],
+              story: str) -> Scenario:
+    return Scenario(
+        name=name, summary=summary, measure=engine_fault,
+        broken=Variant(
+            Setup(knobs={"fault": fault, "engine_errors": "swallow"}),
+            (Check("fault_injected", "==", True),
+             Check("done", "==", True, "[DONE] after the cut: it looks like a whole answer"),
+             Check("truncated", "==", True, "but the answer stopped part-way"),
+             Check("error_type", "==", None, "and nothing says so")),
+            f"{story}; the gateway swallows the error (engine_errors: swallow)"),
+        fixed=Variant(
+            Setup(knobs={"fault": fault, "engine_errors": "report"}),
+            (Check("fault_injected", "==", True),
+             Check("done", "==", False, "no [DONE]: nobody takes the cut for a whole answer"),
+             Check("error_type", "==", "engine_error", "an OpenAI-style error event"),
+             Check("ended_after_fault_s", "<=", bound, "the client is told within the bound"),
+             Check("engine_state", "==", "cancelled",
+                   "and the engine stopped: nothing generates on for nobody (after a "
+                   "black hole, its own keepalive finds the dead hop: a cancel from the "
+                   "gateway cannot cross it)")),
+            f"{story}; the gateway reports it as an error event"),
+        shown=("client_tokens", "done", "error_type", "error_code", "ended_after_fault_s",
+               "hung", "engine_state"),
+    )
+
+
+def _loud(t: Timing) -> float:
+    return LOUD_FAULT_BOUND_S + t.tolerance_s
+
+
+ENGINE_FAULTS: tuple[Scenario, ...] = (
+    _scenario("engine-reset", "reset_peer",
+              "a TCP reset on the engine hop mid-stream must reach the client as an error",
+              _loud, "reset_peer on the engine hop after 3 tokens"),
+    _scenario("engine-cut", "limit_data",
+              "the engine hop closing mid-message must reach the client as an error",
+              _loud, "limit_data (1 byte) on the engine hop after 3 tokens"),
+    _scenario("engine-down", "disabled",
+              "the engine hop going away (proxy disabled) must reach the client as an error",
+              _loud, "the engine hop's proxy disabled after 3 tokens"),
+    _scenario("engine-blackhole", "timeout",
+              "a silent engine hop (no FIN, no RST) must be found by keepalive and reported",
+              lambda t: t.engine_dead_after_s + 1.0 + t.tolerance_s,
+              "timeout 0 (a black hole) on the engine hop after 3 tokens"),
+)
