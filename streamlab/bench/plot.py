@@ -70,3 +70,26 @@ def plot_transports(report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_slow_readers(report: dict[str, Any], path: Path) -> None:
+    """Render `slow_readers.compare()`'s report: the gateway's RSS growth and the
+    tokens the engine generated over time, one line per relay."""
+    fig, (memory, tokens) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    for colour, run in zip(("#2ca02c", "#d62728"), report["runs"], strict=False):
+        times = [s[0] for s in run["samples"]]
+        label = f"{run['relay']} (peak +{run['growth_mb']:.0f} MiB)"
+        memory.plot(times, [s[1] - run["base_rss_mb"] for s in run["samples"]], color=colour,
+                    label=label)
+        tokens.plot(times, [s[2] for s in run["samples"]], color=colour, label=run["relay"])
+    requested = report["clients"] * report["answer_tokens"]
+    tokens.axhline(requested, color="#555555", linestyle="--", linewidth=1,
+                   label="every answer in full")
+    memory.set(title=f"gateway RSS growth, {report['clients']} silent readers",
+               xlabel="seconds", ylabel="MiB")
+    tokens.set(title="tokens the engine generated for them", xlabel="seconds",
+               ylabel="tokens")
+    memory.legend()
+    tokens.legend()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

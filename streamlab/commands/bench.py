@@ -130,3 +130,55 @@ def relay(
     console.print(plain_table(f"Relay overhead · {tokens} tokens, {gap_ms} ms apart · times in "
                               "ms", RELAY_COLUMNS, rows))
     console.print(plain_table("Targets", TARGET_COLUMNS, verdicts))
+
+
+@app.command("slow-readers")
+def slow_readers(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    clients: Annotated[int, typer.Option(min=1, help="Silent readers at once (mind the "
+                                                     "gateway's per-client cap).")] = 50,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer asks for.")] = 6000,
+    timeout_s: Annotated[float, typer.Option(min=1, help="Give up on a relay after this "
+                                                         "long.")] = 240.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the RSS and tokens PNG here.")
+                    ] = None,
+) -> None:
+    """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
+    from rich.table import Table
+
+    from streamlab.bench.slow_readers import ReadersRun, compare
+
+    lab = attached(run_dir)
+    if "gateway" not in lab.running:
+        err.print("[red]Reads the gateway's RSS by pid: local labs only.[/]")
+        raise typer.Exit(1)
+    with _progress() as progress:
+        task = progress.add_task("starting", total=None)
+
+        def on_sample(run: ReadersRun) -> None:
+            progress.update(task, description=f"{run.relay}: {run.tokens_generated} tokens, "
+                            f"+{run.peak_rss_mb - run.base_rss_mb:.0f} MiB")
+
+        report = compare(lab, clients, tokens, timeout_s, on_sample)
+    if plot is not None:
+        from streamlab.bench.plot import plot_slow_readers
+
+        plot_slow_readers(report, plot)
+        err.print(f"plot written to {plot}")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(title=f"{clients} silent readers, {tokens} tokens asked each")
+    for column in ("relay", "gateway RSS", "peak growth", "tokens generated", "of all asked",
+                   "engine states", "took"):
+        table.add_column(column)
+    for run in report["runs"]:
+        table.add_row(run["relay"], f"{run['base_rss_mb']:.0f} → {run['peak_rss_mb']:.0f} MiB",
+                      f"+{run['growth_mb']:.1f} MiB", f"{run['tokens_generated']:,}",
+                      f"{run['share_generated']:.0%}",
+                      ", ".join(f"{k} {v}" for k, v in sorted(run["states"].items())),
+                      f"{run['seconds']:.0f} s" + (" (timed out)" if run["timed_out"] else ""))
+    console.print(table)
+    console.print(f"detached / direct: {report['growth_ratio']}x the memory, "
+                  f"{report['tokens_ratio']}x the tokens")

@@ -91,3 +91,30 @@ def test_bench_relay_report_covers_every_path_and_target(lab: Lab) -> None:
         "full", "gateway", "naive", "inter-chunk"}
     assert len(relay_rows(report)) == len(cells)
     assert len(target_rows(report)) == len(report["targets"])
+
+
+def test_bench_slow_readers_shows_the_detached_relay_generating_for_nobody(
+    lab: Lab, tmp_path: Path
+) -> None:
+    if "gateway" not in lab.running:
+        pytest.skip("reads the gateway's RSS by host pid; on the compose target it runs in "
+                    "a container (STREAMLAB_TARGET=compose)")
+    png = tmp_path / "readers.png"
+    clients, tokens = 3, 5000
+    report = bench(lab, "slow-readers", "--clients", str(clients), "--tokens", str(tokens),
+                   "--timeout-s", "60", "--plot", str(png))
+
+    direct, detached = report["runs"]
+    assert (direct["relay"], detached["relay"]) == ("direct", "detached_unbounded")
+    for run in report["runs"]:
+        assert not run["timed_out"], run["relay"]
+        assert sum(run["states"].values()) == clients
+        assert run["samples"], run["relay"]
+    # Paused by flow control, then cut by the send timeout: short of the end.
+    assert direct["states"] == {"cancelled": clients}
+    assert direct["tokens_generated"] < clients * tokens
+    # Nobody read a byte, and the engine wrote every answer in full anyway.
+    assert detached["states"] == {"completed": clients}
+    assert detached["tokens_generated"] == clients * tokens
+    assert report["tokens_ratio"] > 1
+    assert png.read_bytes().startswith(b"\x89PNG")
