@@ -11,6 +11,7 @@ it started if any step fails. Pids and ports go to `<run_dir>/state.json`, so
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -57,6 +58,14 @@ def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
             f"{binary}"
         )
     return found
+
+
+def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:
+    """The settings a service started now gets, for state.json: the ones it
+    inherits from this process's environment, then the lab's own overrides;
+    never a key or secret (state.json is a plain file in the run dir)."""
+    merged = {**{k: v for k, v in os.environ.items() if k.startswith(prefix)}, **overrides}
+    return {k: v for k, v in merged.items() if "KEY" not in k and "SECRET" not in k}
 
 
 class Lab:
@@ -119,6 +128,8 @@ class Lab:
                 env={"STREAMLAB_GATEWAY_HOST": host,
                      "STREAMLAB_GATEWAY_PORT": str(p.gateway_port),
                      "STREAMLAB_GATEWAY_ENGINE_TARGET": f"{host}:{p.engine_proxy_port}",
+                     # A lab: the scenarios' broken modes (off in the gateway itself).
+                     "STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES": "true",
                      **self.options.gateway_env},
                 ready=lambda: _http_ok(f"{self.gateway_url}/healthz"), cwd=REPO_ROOT,
             ),
@@ -214,8 +225,11 @@ class Lab:
         state = {
             "ports": self.ports.model_dump(),
             "services": {n: {"pid": r.pid, "log": str(r.log)} for n, r in self.running.items()},
-            # Scenarios attached from another process read the idle timeouts here.
+            # Scenarios attached from another process read the idle timeouts and
+            # the services' settings (keepalives, ...) here.
             "nginx": asdict(self.options.nginx),
+            "gateway_env": service_env("STREAMLAB_GATEWAY_", self.options.gateway_env),
+            "engine_env": service_env("STREAMLAB_ENGINE_", self.options.engine_env),
         }
         (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -224,7 +238,9 @@ class Lab:
         """The lab that `streamlab up` left running in run_dir."""
         state = json.loads((run_dir / "state.json").read_text())
         nginx_options = nginx.NginxOptions(**state.get("nginx", {}))
-        lab = cls(Ports(**state["ports"]), LabOptions(run_dir=run_dir, nginx=nginx_options))
+        lab = cls(Ports(**state["ports"]), LabOptions(
+            run_dir=run_dir, nginx=nginx_options, gateway_env=state.get("gateway_env", {}),
+            engine_env=state.get("engine_env", {})))
         specs = {name: ServiceSpec(name, []) for name in ORDER}
         for name, entry in state["services"].items():
             lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))

@@ -64,7 +64,7 @@ class JobNotFound(GatewayError):
 class Job:
     id: str
     request_id: str
-    ttl_s: float = 0.0  # 0: never expires
+    ttl_s: float  # seconds after its last poll; 0: never expires (the leak)
     tokens: list[str] = field(default_factory=list)
     done: bool = False
     finish_reason: str | None = None
@@ -81,7 +81,7 @@ class Job:
 
     def view(self, since: int) -> dict[str, Any]:
         since = max(0, since)
-        return {"id": self.id, "object": "job", "ttl_s": self.ttl_s, "tokens": self.tokens[since:],
+        return {"id": self.id, "object": "job", "tokens": self.tokens[since:],
                 "next": max(since, len(self.tokens)), "done": self.done,
                 "finish_reason": self.finish_reason, "error": self.error}
 
@@ -104,6 +104,10 @@ class JobStore:
         self._jobs: dict[str, Job] = {}
         self._metrics = metrics
         self._reaper: asyncio.Task[None] | None = None
+        # Set when a job arrives whose TTL is shorter than any the reaper is
+        # sleeping for, so that job is not reaped at the old, slower pace.
+        self._wake = asyncio.Event()
+        self._sleeping_for = float("inf")
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -126,6 +130,8 @@ class JobStore:
 
         job.task.add_done_callback(ended)
         self._jobs[job.id] = job
+        if job.ttl_s > 0 and job.ttl_s / 4 < self._sleeping_for:
+            self._wake.set()
         self._metrics.started.inc()
         self._metrics.held.set(len(self._jobs))
         return job
@@ -197,8 +203,8 @@ class JobStore:
         return idle
 
     def reap_interval(self) -> float:
-        """A quarter of the shortest TTL in force (between 50 ms and 1 s): a job
-        lives at most 1.25 x its TTL past its last poll."""
+        """A quarter of the shortest TTL in force, between 50 ms and 1 s: a job
+        lives at most its TTL plus one interval past its last poll."""
         ttls = [job.ttl_s for job in self._jobs.values() if job.ttl_s > 0]
         if self.ttl_s > 0:
             ttls.append(self.ttl_s)
@@ -206,7 +212,11 @@ class JobStore:
 
     async def _reap_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.reap_interval())
+            self._sleeping_for = self.reap_interval()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._sleeping_for):
+                    await self._wake.wait()
             self.expire()
 
     def open(self) -> None:

@@ -156,8 +156,10 @@ async def _events(
         metrics.engine_errors.labels(exc.code).inc()
         if swallow_errors:
             # The broken mode (engine_errors=swallow): what a relay with a bare
-            # `except: pass` around its loop sends. The client cannot tell the
-            # cut from a whole answer; only the metric below knows.
+            # `except: pass` around its loop sends, for every error after the
+            # first byte (engine faults, deadlines, a drain's retry: alike). The
+            # client cannot tell the cut from a whole answer; only the gateway's
+            # metrics know.
             outcome = "engine_error_swallowed"
             yield ServerSentEvent(data="[DONE]")
         elif exc.code == DRAINING:

@@ -51,9 +51,10 @@ class GatewaySettings(BaseSettings):
     api_keys: list[str] = Field(default_factory=list, repr=False)
     # Whether a request may select a broken behaviour for contrast (the
     # `streamlab` knobs relay=detached_unbounded, engine_errors=swallow,
-    # job_ttl_s=0; see openai_api.py). On in the lab, which exists to show
-    # them; turn it off anywhere a client could use them to leak work.
-    allow_broken_modes: bool = True
+    # job_ttl_s=0; see openai_api.py). Off unless asked for: a client must not
+    # be able to pick a leak. The lab (streamlab/lab.py, compose.yaml) turns
+    # it on, since showing them is what it is for.
+    allow_broken_modes: bool = False
     # Model name reported in responses.
     model_name: str = "streamlab-fake"
 

@@ -91,5 +91,6 @@ def plot_slow_readers(report: dict[str, Any], path: Path) -> None:
                ylabel="tokens")
     memory.legend()
     tokens.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

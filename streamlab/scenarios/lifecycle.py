@@ -15,6 +15,7 @@ any lab that is up.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 
@@ -31,10 +32,14 @@ LEAVE_AFTER = 3
 # The engine's default max_tokens limit: more than every buffer on the way holds
 # for one silent reader (the engine pauses near 2,500), so it runs on any lab.
 FLOOD_TOKENS = 4096
-# An abandoned polling job: TTL 1 s, and an answer (80 tokens, 4 s at the
-# default gap) that outlasts the TTL and the reaper's interval by far.
+# An abandoned polling job: TTL 1 s, and an answer that outlasts the TTL, the
+# reaper's interval and the tolerance by 2 s at any gap (80 tokens at 50 ms).
 JOB_TTL_S = 1.0
-JOB_TOKENS = 80
+
+
+def job_tokens(timing: Timing) -> int:
+    outlast_s = 1.25 * JOB_TTL_S + timing.tolerance_s + 2.0
+    return LEAVE_AFTER + max(20, math.ceil(outlast_s / timing.gap_s))
 
 
 async def record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
@@ -120,8 +125,9 @@ async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     come, then walk away, as a closed tab does: no request, no connection."""
     ttl_s = setup.knobs.get("job_ttl_s")
     rid = f"scenario-poll-{uuid.uuid4().hex[:8]}"
+    tokens = job_tokens(timing)
     body = chat_body("poll me", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
-                     answer_tokens=JOB_TOKENS, job_ttl_s=ttl_s)
+                     answer_tokens=tokens, max_tokens=tokens, job_ttl_s=ttl_s)
     jobs = f"{lab.edge_url}/v1/jobs"
     async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
         started = await http.post(jobs, json=body, headers={"X-Request-Id": rid})
@@ -130,11 +136,13 @@ async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         job = started.json()
         seen, end = 0, time.monotonic() + timing.model_total_s + 5
         while seen < LEAVE_AFTER and time.monotonic() < end:
-            answer = (await http.get(f"{jobs}/{job['id']}",
-                                     params={"since": seen, "wait_s": 2.0})).json()
-            seen = answer["next"]
+            polled = await http.get(f"{jobs}/{job['id']}", params={"since": seen, "wait_s": 2.0})
+            if polled.status_code != 200:
+                return {"start_status": started.status_code, "poll_status": polled.status_code,
+                        "engine_state": None}
+            seen = polled.json()["next"]
         left_at = time.monotonic()
-        generation_s = timing.prefill_s + JOB_TOKENS * timing.gap_s
+        generation_s = timing.prefill_s + tokens * timing.gap_s
         record = await record_when_done(lab, rid, generation_s + 5)
         # Last, since asking counts as polling: is the job still held?
         held = (await http.get(f"{jobs}/{job['id']}", params={"since": seen})).status_code == 200
@@ -144,6 +152,7 @@ async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     return {
         "start_status": started.status_code,
         "job_ttl_s": job["ttl_s"],
+        "tokens_asked": tokens,
         "client_tokens": seen,
         "engine_state": pb.GenerationState.Name(record.state).removeprefix(
             "GENERATION_STATE_").lower() if record else None,
@@ -215,19 +224,21 @@ LIFECYCLE: tuple[Scenario, ...] = (
         measure=abandoned_job,
         broken=Variant(
             Setup(knobs={"job_ttl_s": 0}),
-            (Check("engine_state", "==", "completed", "the engine wrote the whole answer"),
-             Check("tokens_generated", "==", JOB_TOKENS, "every token, for nobody"),
+            (Check("start_status", "==", 201, "the gateway accepted the broken mode"),
+             Check("engine_state", "==", "completed", "the engine wrote the whole answer"),
+             Check("tokens_generated", "==", job_tokens, "every token, for nobody"),
              Check("job_held_at_end", "==", True, "and the gateway still holds them all")),
             "job_ttl_s: 0 (no TTL: nothing tells the gateway the client has gone)"),
         fixed=Variant(
             Setup(knobs={"job_ttl_s": JOB_TTL_S}),
-            (Check("engine_state", "==", "cancelled"),
+            (Check("start_status", "==", 201),
+             Check("engine_state", "==", "cancelled"),
              Check("tokens_after_cancel", "<=", 1, "at most the decode step under way"),
              Check("reaped_after_s", "<=", lambda t: 1.25 * JOB_TTL_S + t.tolerance_s,
                    "within the TTL plus one reaper interval of the last poll"),
              Check("job_held_at_end", "==", False, "deleted: its id now answers 404")),
             f"job_ttl_s: {JOB_TTL_S:g} (the reaper cancels and deletes jobs nobody polls)"),
-        shown=("job_ttl_s", "client_tokens", "engine_state", "tokens_generated",
+        shown=("job_ttl_s", "client_tokens", "tokens_asked", "engine_state", "tokens_generated",
                "tokens_after_client_left", "tokens_after_cancel", "reaped_after_s",
                "job_held_at_end"),
     ),

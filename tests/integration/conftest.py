@@ -132,7 +132,8 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Start another gateway on the lab's engine hop, with settings of its own
+    """Start another gateway on the lab's engine (directly, not through the
+    engine hop's Toxiproxy), with settings of its own
     (`extra_gateway("name", STREAMLAB_GATEWAY_X="1")` -> its base URL); every
     one is stopped at the end of the test."""
     started: list[processes.Running] = []

@@ -66,8 +66,8 @@ def test_silent_readers_keep_gateway_memory_bounded_unlike_the_detached_relay(la
     if "gateway" not in lab.running:
         pytest.skip("reads the gateway process's RSS from the host by pid; the compose "
                     "lab's gateway runs in a container (STREAMLAB_TARGET=compose)")
-    # 20, not the 50: the suite's per-client stream cap is 25. The bench
-    # runs 50 on a lab with the default caps (`streamlab bench slow-readers`).
+    # 20 fit under the suite's per-client stream cap (25); 50 and more run in
+    # `streamlab bench slow-readers` on a lab with the default caps (64).
     clients, answer = 20, 6000
     direct = slow_readers.measure(lab, "direct", clients, answer)
     detached = slow_readers.measure(lab, "detached_unbounded", clients, answer)

@@ -100,7 +100,7 @@ def test_bench_slow_readers_shows_the_detached_relay_generating_for_nobody(
         pytest.skip("reads the gateway's RSS by host pid; on the compose target it runs in "
                     "a container (STREAMLAB_TARGET=compose)")
     png = tmp_path / "readers.png"
-    clients, tokens = 3, 5000
+    clients, tokens = 3, 6000  # the engine pauses near 2,500 for a silent reader
     report = bench(lab, "slow-readers", "--clients", str(clients), "--tokens", str(tokens),
                    "--timeout-s", "60", "--plot", str(png))
 

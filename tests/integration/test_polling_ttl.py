@@ -121,6 +121,10 @@ async def test_a_request_may_shorten_its_jobs_ttl_but_not_lengthen_it(
     assert longer.json()["error"]["code"] == "job_ttl_too_long"
     assert not lab.engine_stats(f"ttl-long-{tag}").generations, "refused, yet it started"
 
+    default = await http.post(f"{lab.edge_url}/v1/jobs", json=chat_body("x", answer_tokens=1))
+    assert default.status_code == 201
+    assert default.json()["ttl_s"] == 30.0  # the gateway's own (its default)
+
     shorter = await http.post(f"{lab.edge_url}/v1/jobs",
                               json=chat_body("abandon me", **ABANDONED, job_ttl_s=TTL_S),
                               headers={"X-Request-Id": f"ttl-short-{tag}"})

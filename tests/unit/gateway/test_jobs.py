@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,9 +19,8 @@ def store_with(ttl_s: float, *jobs: Job) -> JobStore:
 
 
 def test_view_returns_tokens_from_an_index_and_the_next_one() -> None:
-    job = Job(id="j", request_id="r", tokens=["a ", "b ", "c "])
-    assert job.view(1) == {"id": "j", "object": "job", "ttl_s": 0.0,
-                           "tokens": ["b ", "c "], "next": 3,
+    job = Job(id="j", request_id="r", ttl_s=30.0, tokens=["a ", "b ", "c "])
+    assert job.view(1) == {"id": "j", "object": "job", "tokens": ["b ", "c "], "next": 3,
                            "done": False, "finish_reason": None, "error": None}
     assert job.view(10)["next"] == 10
     assert job.view(10)["tokens"] == []
@@ -35,7 +37,7 @@ def test_expire_deletes_only_jobs_idle_past_the_ttl() -> None:
 
 
 def test_ttl_zero_keeps_everything() -> None:
-    store = store_with(0.0, Job(id="old", request_id="1", last_seen=0.0))
+    store = store_with(0.0, Job(id="old", request_id="1", ttl_s=0.0, last_seen=0.0))
     assert store.expire(now=1e9) == []
     assert len(store) == 1
 
@@ -68,3 +70,44 @@ def test_a_request_may_shorten_the_ttl_but_never_lengthen_it() -> None:
         job_ttl(30.0, 60.0)
     assert refused.value.status_code == 400
     assert refused.value.code == "job_ttl_too_long"
+
+
+class EndlessStream:
+    """Stands in for an engine call that never ends: the pump waits on it."""
+
+    request_id = "endless"
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    def __aiter__(self) -> EndlessStream:
+        return self
+
+    async def __anext__(self) -> object:
+        await asyncio.Event().wait()
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@pytest.mark.anyio
+async def test_a_job_with_a_shorter_ttl_wakes_a_sleeping_reaper() -> None:
+    """The reaper sleeps a quarter of the store's TTL (1 s, at most, here); a job
+    started with a 0.2 s TTL must be reaped about 0.25 s later, not after 1 s."""
+    store = store_with(30.0)
+    store.open()
+    try:
+        await asyncio.sleep(0.05)  # the reaper is now asleep for its 1 s interval
+        default = store.start(EndlessStream())  # type: ignore[arg-type]
+        assert default.ttl_s == 30.0
+        stream = EndlessStream()
+        started = time.monotonic()
+        store.start(stream, ttl_s=0.2)  # type: ignore[arg-type]
+        async with asyncio.timeout(2.0):
+            await stream.cancelled.wait()
+        # 0.2 s + one 50 ms interval; the old pace would have taken the full 1 s.
+        assert time.monotonic() - started < 0.8
+        assert len(store) == 1  # the default-TTL job is still there
+    finally:
+        await store.close()
