@@ -15,6 +15,7 @@ in a container).
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections import Counter
@@ -31,6 +32,13 @@ from streamlab.lab import Lab
 
 RELAYS = ("direct", "detached_unbounded")
 SAMPLE_EVERY_S = 0.2
+# Every request reaches the engine within this long, or the run stops and says
+# why (a refused request answers at once; waiting the whole timeout would hide it).
+START_WITHIN_S = 10.0
+
+
+class ReadersRefused(RuntimeError):
+    """Some requests never reached the engine; the message quotes an answer."""
 
 
 @dataclass
@@ -74,6 +82,16 @@ def _mb(process: psutil.Process) -> float:
     return float(process.memory_info().rss) / 2**20
 
 
+def _peek(sock: socket.socket) -> str:
+    """The start of what the gateway answered, without reading it (MSG_PEEK
+    leaves it in the buffer, so the reader stays silent)."""
+    try:
+        sock.settimeout(0.5)
+        return sock.recv(400, socket.MSG_PEEK).decode(errors="replace")
+    except OSError as exc:
+        return f"(nothing: {exc})"
+
+
 def measure(lab: Lab, relay: str, clients: int, answer_tokens: int, timeout_s: float = 240.0,
             on_sample: Callable[[ReadersRun], None] = lambda run: None) -> ReadersRun:
     """Open `clients` silent readers, sample until every generation has ended
@@ -103,6 +121,11 @@ def measure(lab: Lab, relay: str, clients: int, answer_tokens: int, timeout_s: f
             if len(records) == clients and all(
                     r.state != pb.GENERATION_STATE_RUNNING for r in records):
                 break
+            if len(records) < clients and time.monotonic() > started + START_WITHIN_S:
+                seen = {r.request_id for r in records}
+                missing = [sock for rid, sock in zip(ids, socks, strict=True) if rid not in seen]
+                raise ReadersRefused(f"{len(missing)} of {clients} requests never reached the "
+                                     f"engine; one was answered: {_peek(missing[0])!r}")
             if time.monotonic() > deadline:
                 run.timed_out = True
                 break

@@ -137,7 +137,9 @@ def slow_readers(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     clients: Annotated[int, typer.Option(min=1, help="Silent readers at once (mind the "
                                                      "gateway's per-client cap).")] = 50,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer asks for.")] = 6000,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer asks for (the "
+                                                    "engine's limit is 4096 by default).")
+                      ] = 4000,
     timeout_s: Annotated[float, typer.Option(min=1, help="Give up on a relay after this "
                                                          "long.")] = 240.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -147,7 +149,7 @@ def slow_readers(
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
     from rich.table import Table
 
-    from streamlab.bench.slow_readers import ReadersRun, compare
+    from streamlab.bench.slow_readers import ReadersRefused, ReadersRun, compare
 
     lab = attached(run_dir)
     if "gateway" not in lab.running:
@@ -160,7 +162,11 @@ def slow_readers(
             progress.update(task, description=f"{run.relay}: {run.tokens_generated} tokens, "
                             f"+{run.peak_rss_mb - run.base_rss_mb:.0f} MiB")
 
-        report = compare(lab, clients, tokens, timeout_s, on_sample)
+        try:
+            report = compare(lab, clients, tokens, timeout_s, on_sample)
+        except ReadersRefused as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
     if plot is not None:
         from streamlab.bench.plot import plot_slow_readers
 
