@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,6 +23,21 @@ def _progress() -> Progress:
     # On stderr, so `--json > file` stays clean.
     return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=True)
+
+
+def _plot_then_json(report: dict[str, Any], plot: Path | None, plotter: str,
+                    as_json: bool) -> bool:
+    """Write the report's plot when asked (with streamlab.bench.plot's `plotter`;
+    imported late, matplotlib is slow to load), then print it as JSON when asked.
+    True when JSON was the output."""
+    if plot is not None:
+        from streamlab.bench import plot as plots
+
+        getattr(plots, plotter)(report, plot)
+        err.print(f"plot written to {plot}")
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return as_json
 
 
 @app.command()
@@ -56,13 +71,7 @@ def transports(
 
         report = run_transports(Targets.of(lab), timing, repetitions, intervals_ms, gzip,
                                 on_run).as_json()
-    if plot is not None:
-        from streamlab.bench.plot import plot_transports
-
-        plot_transports(report, plot)
-        err.print(f"plot written to {plot}")
-    if as_json:
-        print(json.dumps(report, indent=2))
+    if _plot_then_json(report, plot, "plot_transports", as_json):
         return
     if as_markdown:
         print(markdown(TRANSPORT_COLUMNS, transport_rows(report, markup=False)))
@@ -167,13 +176,7 @@ def slow_readers(
         except ReadersRefused as exc:
             err.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
-    if plot is not None:
-        from streamlab.bench.plot import plot_slow_readers
-
-        plot_slow_readers(report, plot)
-        err.print(f"plot written to {plot}")
-    if as_json:
-        print(json.dumps(report, indent=2))
+    if _plot_then_json(report, plot, "plot_slow_readers", as_json):
         return
     table = Table(title=f"{clients} silent readers, {tokens} tokens asked each")
     for column in ("relay", "gateway RSS", "peak growth", "tokens generated", "of all asked",
