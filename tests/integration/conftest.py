@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,15 +131,21 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@dataclass(frozen=True)
+class ExtraGateway:
+    url: str
+    process: processes.Running
+
+
 @pytest.fixture
-def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., str]]:
+def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., ExtraGateway]]:
     """Start another gateway on the lab's engine (directly, not through the
     engine hop's Toxiproxy), with settings of its own
-    (`extra_gateway("name", STREAMLAB_GATEWAY_X="1")` -> its base URL); every
-    one is stopped at the end of the test."""
+    (`extra_gateway("name", STREAMLAB_GATEWAY_X="1").url`); every one is
+    stopped at the end of the test."""
     started: list[processes.Running] = []
 
-    def start(name: str, **env: str) -> str:
+    def start(name: str, **env: str) -> ExtraGateway:
         port = free_ports(1)[0]
         url = f"http://{lab.ports.host}:{port}"
         spec = ServiceSpec(
@@ -151,7 +158,7 @@ def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., str]]:
         running = processes.start(spec, tmp_path / "logs")
         started.append(running)
         processes.wait_ready(running)
-        return url
+        return ExtraGateway(url, running)
 
     try:
         yield start

@@ -14,6 +14,7 @@ import pytest
 
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.lab import Lab
+from tests.integration.conftest import ExtraGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -26,10 +27,11 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
 
 
 async def test_a_gateway_that_refuses_broken_modes_starts_nothing(
-    lab: Lab, http: httpx.AsyncClient, extra_gateway: Callable[..., str]
+    lab: Lab, http: httpx.AsyncClient, extra_gateway: Callable[..., ExtraGateway]
 ) -> None:
-    strict = await anyio.to_thread.run_sync(
-        lambda: extra_gateway("gateway-strict", STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES="false"))
+    strict = (await anyio.to_thread.run_sync(
+        lambda: extra_gateway("gateway-strict", STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES="false")
+    )).url
     for path, knobs in BROKEN:
         rid = f"strict-{uuid.uuid4().hex[:8]}"
         response = await http.post(f"{strict}{path}", json=chat_body("x", **knobs),

@@ -12,7 +12,7 @@ import pytest
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
-from tests.integration.conftest import TEST_ENGINE_IDLE_S
+from tests.integration.conftest import TEST_ENGINE_IDLE_S, ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -38,14 +38,14 @@ async def test_silent_engine_past_the_idle_deadline_gets_an_error_event(
 
 
 async def test_a_stream_past_its_total_deadline_gets_an_error_event(
-    lab: Lab, http: httpx.AsyncClient, extra_gateway: Callable[..., str]
+    lab: Lab, http: httpx.AsyncClient, extra_gateway: Callable[..., ExtraGateway]
 ) -> None:
     """The total deadline shares the idle deadline's code path; its own bound is
     checked on a gateway of its own (the suite's is 40 s)."""
     max_s = 1.5
-    short = await anyio.to_thread.run_sync(
+    short = (await anyio.to_thread.run_sync(
         lambda: extra_gateway("gateway-deadline",
-                              STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S=str(max_s)))
+                              STREAMLAB_GATEWAY_MAX_STREAM_DURATION_S=str(max_s)))).url
     rid = f"deadline-{uuid.uuid4().hex[:6]}"
     answer = 200  # 4 s of tokens: the deadline falls in the middle
     body = chat_body("go on", prefill_ms=0, token_gap_ms=20, answer_tokens=answer)

@@ -4,6 +4,8 @@ engine is left generating for nobody."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from streamlab.toxiproxy import Toxic
+from tests.integration.conftest import ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -109,3 +112,39 @@ async def test_engine_hop_fault_ends_the_stream_with_an_error_event(
         # black hole), so nothing generates on for a client that got an error.
         record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, request_id, 8.0)
         assert record.state == pb.GENERATION_STATE_CANCELLED
+
+
+def test_a_frozen_gateway_is_found_by_the_engines_own_keepalive(
+    lab: Lab, extra_gateway: Callable[..., ExtraGateway]
+) -> None:
+    """The one engine-hop failure where no FIN or RST ever reaches the engine: the
+    gateway process stops (SIGSTOP, as in a long GC pause or a hung host) with
+    its sockets open. Its kernel still ACKs, so only HTTP/2 pings that go
+    unanswered tell the engine; without its keepalive, the call would sit
+    there, holding a generation slot, for as long as the gateway stays frozen."""
+    if lab.options.engine_env.get("STREAMLAB_ENGINE_KEEPALIVE_S") is None:
+        pytest.skip("needs the suite's engine keepalive (2 s + 1 s)")
+    keepalive_s = float(lab.options.engine_env["STREAMLAB_ENGINE_KEEPALIVE_S"]) + float(
+        lab.options.engine_env["STREAMLAB_ENGINE_KEEPALIVE_TIMEOUT_S"])
+    gateway = extra_gateway("gateway-frozen")
+    rid = f"frozen-{uuid.uuid4().hex[:6]}"
+    body = chat_body("long answer", prefill_ms=0, token_gap_ms=20, answer_tokens=2000)
+    with httpx.Client(timeout=httpx.Timeout(5.0)) as http, http.stream(
+            "POST", f"{gateway.url}/v1/chat/completions", json=body,
+            headers={"X-Request-Id": rid}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        while not next(lines).startswith("data:"):  # the first token is through
+            pass
+        os.kill(gateway.process.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            record = wait_for_generation_end(lab, rid, keepalive_s + 5.0)
+        finally:
+            os.kill(gateway.process.pid, signal.SIGCONT)
+    took = record.cancelled_at - frozen_at
+    print(f"frozen gateway: the engine cancelled after {took:.2f} s "
+          f"({record.tokens_generated} tokens generated)")
+    assert record.state == pb.GENERATION_STATE_CANCELLED
+    assert record.tokens_generated < 2000
+    assert took < keepalive_s + 3.0

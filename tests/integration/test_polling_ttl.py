@@ -22,6 +22,7 @@ from services.client.openai_stream import chat_body
 from services.client.polling import short_poll
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
+from tests.integration.conftest import ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -32,10 +33,10 @@ ABANDONED: dict[str, Any] = {"prefill_ms": 10, "token_gap_ms": 20, "answer_token
 
 
 @pytest.fixture
-def start_gateway(extra_gateway: Callable[..., str]) -> Callable[[float], str]:
+def start_gateway(extra_gateway: Callable[..., ExtraGateway]) -> Callable[[float], str]:
     """Start an extra gateway on the lab's engine with a given job TTL."""
     return lambda ttl_s: extra_gateway(f"gateway-ttl-{ttl_s:g}",
-                                       STREAMLAB_GATEWAY_JOB_TTL_S=str(ttl_s))
+                                       STREAMLAB_GATEWAY_JOB_TTL_S=str(ttl_s)).url
 
 
 def state_of(lab: Lab, request_id: str) -> pb.GenerationRecord:
