@@ -3,6 +3,8 @@ the client leaves, what a reader that stops reading costs, and whether a cut
 connection can pick up where it fell off.
 
     abandoned-tab  the client leaves after 3 tokens: does the engine stop?
+    abandoned-prefill  the client leaves during a silent prefill: is the close
+                   noticed before anything is written?
     slow-reader    the client stops reading: does the engine pause, or run on?
     resume         the edge cuts the connection mid-stream: is anything lost?
     poll-leak      a polling client walks away: does its job ever end?
@@ -73,6 +75,37 @@ async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         "tokens_after_client_left": (record.tokens_generated - len(result.texts)
                                      if record else None),
         "tokens_after_cancel": record.tokens_after_cancel if record else None,
+        "cancel_latency_ms": (round((record.cancelled_at - left_at) * 1000, 1)
+                              if record and cancelled else None),
+    }
+
+
+# A long, silent prefill (no pings either), and a client that leaves early in it.
+SILENT_PREFILL_MS = 3000
+LEAVE_AT_S = 0.3
+
+
+async def abandoned_prefill(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+    """Open a stream through `setup.location`, take the 200 and its headers, and
+    close during the prefill: nothing has been written since the headers, so
+    only a proxy that watches the client's socket can tell the gateway."""
+    rid = f"scenario-prefill-{uuid.uuid4().hex[:8]}"
+    body = chat_body("think first", prefill_ms=SILENT_PREFILL_MS, token_gap_ms=timing.gap_ms,
+                     answer_tokens=timing.tokens, heartbeat_s=0)
+    url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
+        async with http.stream("POST", url, json=body, headers={"X-Request-Id": rid}) as response:
+            status = response.status_code
+            await asyncio.sleep(LEAVE_AT_S)  # the client's own pace: it gives up
+        left_at = time.monotonic()
+    record = await record_when_done(lab, rid, SILENT_PREFILL_MS / 1000 + timing.model_total_s + 5)
+    cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
+    return {
+        "status": status,
+        "left_after_s": LEAVE_AT_S,
+        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
+            "GENERATION_STATE_").lower() if record else None,
+        "tokens_generated": record.tokens_generated if record else None,
         "cancel_latency_ms": (round((record.cancelled_at - left_at) * 1000, 1)
                               if record and cancelled else None),
     }
@@ -188,6 +221,31 @@ LIFECYCLE: tuple[Scenario, ...] = (
             "relay: direct (disconnect → task group cancelled → gRPC call cancelled)"),
         shown=("client_tokens", "engine_state", "tokens_generated", "tokens_after_client_left",
                "tokens_after_cancel", "cancel_latency_ms"),
+    ),
+    Scenario(
+        name="abandoned-prefill",
+        summary="the client leaves during a silent 3 s prefill: nginx must pass the close on "
+                "at once, not at the next write",
+        measure=abandoned_prefill,
+        broken=Variant(
+            Setup(location="/ignore-client-abort/"),
+            (Check("status", "==", 200),
+             Check("cancel_latency_ms", ">=",
+                   lambda t: (SILENT_PREFILL_MS / 1000 - LEAVE_AT_S - t.tolerance_s) * 1000,
+                   "the prefill ran to its end for nobody: the cancel waited for a write"),
+             Check("tokens_generated", ">=", 1, "and the first token was made for nobody")),
+            "/ignore-client-abort/: proxy_ignore_client_abort on (nginx notices at the "
+            "next failed write)"),
+        fixed=Variant(
+            Setup(location="/"),
+            (Check("status", "==", 200),
+             Check("engine_state", "==", "cancelled"),
+             Check("cancel_latency_ms", "<", lambda t: t.tolerance_s * 1000,
+                   "the engine heard at once, mid-prefill"),
+             Check("tokens_generated", "==", 0, "nothing was generated for nobody")),
+            "/: nginx closes the upstream when the client closes (its default)"),
+        shown=("status", "left_after_s", "engine_state", "tokens_generated",
+               "cancel_latency_ms"),
     ),
     Scenario(
         name="slow-reader",
