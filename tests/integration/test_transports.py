@@ -26,7 +26,7 @@ from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
-from tests.integration.engine_probe import wait_for_generation_end
+from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -139,6 +139,24 @@ async def test_websocket_client_leaving_cancels_the_generation(lab: Lab) -> None
     assert record.state == pb.GENERATION_STATE_CANCELLED
     assert record.tokens_generated < 3 + 20
     assert time.monotonic() - closed_at < 5.0
+
+
+async def test_websocket_closed_during_a_silent_prefill_cancels_at_once(lab: Lab) -> None:
+    """Nothing is sent during the prefill, so a send can't be what notices the
+    close: the route's disconnect listener must (ws_routes._until_disconnect)."""
+    request_id = f"ws-prefill-{uuid.uuid4().hex[:8]}"
+    timing = {"prefill_ms": 3000, "token_gap_ms": 30, "answer_tokens": 20,
+              "request_id": request_id}
+    with anyio.fail_after(15):
+        async with websockets.connect(ws_url(lab), compression=None, open_timeout=5) as ws:
+            await ws.send(json.dumps({"prompt": "think first", "streamlab": timing}))
+            # Leave once the engine has the call: mid-prefill, nothing sent yet.
+            await anyio.to_thread.run_sync(wait_for_generation_start, lab, request_id)
+    closed_at = time.monotonic()
+    record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, request_id)
+    assert record.state == pb.GENERATION_STATE_CANCELLED
+    assert record.tokens_generated == 0, "the prefill ran on to its first token"
+    assert record.cancelled_at - closed_at < 1.0
 
 
 async def test_deleting_a_polling_job_cancels_it_at_the_engine(
