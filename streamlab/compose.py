@@ -11,6 +11,7 @@ this class never brings the project up or down (whoever ran `up` owns that).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Callable
@@ -63,9 +64,34 @@ class ComposeError(RuntimeError):
     pass
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=value lines, as compose's `env_file` reads them (comments and blank
+    lines skipped); a missing file reads as empty."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    pairs = (line.split("=", 1) for line in lines
+             if "=" in line and not line.lstrip().startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def service_env_file(service: str) -> Path:
+    """The env file compose.yaml gives a service: STREAMLAB_<SERVICE>_ENV_FILE,
+    or the service's compose.env (the same default as the compose file's)."""
+    name = os.environ.get(f"STREAMLAB_{service.upper()}_ENV_FILE",
+                          f"services/{service}/compose.env")
+    return REPO_ROOT / name
+
+
 class ComposeLab(Lab):
     def __init__(self, ports: Ports, settings: ComposeSettings | None = None) -> None:
-        super().__init__(ports, LabOptions(run_dir=REPO_ROOT / ".run" / "compose"))
+        # The services' settings, read from the env files compose gives them, so
+        # scenarios size their bounds (keepalives, ...) as for a local lab.
+        super().__init__(ports, LabOptions(
+            run_dir=REPO_ROOT / ".run" / "compose",
+            engine_env=read_env_file(service_env_file("engine")),
+            gateway_env=read_env_file(service_env_file("gateway"))))
         self.settings = settings or ComposeSettings()
 
     @classmethod

@@ -198,6 +198,7 @@ ENGINE_FAULTS: tuple[Scenario, ...] = (
               _loud, "the engine hop's proxy disabled after 3 tokens"),
     _scenario("engine-blackhole", "timeout",
               "a silent engine hop (no FIN, no RST) must be found by keepalive and reported",
-              lambda t: t.engine_dead_after_s + 1.0 + t.tolerance_s,
+              # Up to one ping interval passes before the first unanswered ping.
+              lambda t: t.engine_dead_after_s + 2.0 + t.tolerance_s,
               "timeout 0 (a black hole, both ways) on the engine hop after 3 tokens"),
 )
