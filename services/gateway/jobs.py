@@ -37,20 +37,15 @@ from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS
 
 
-class JobTtlTooLong(GatewayError):
-    def __init__(self, requested_s: float, limit_s: float) -> None:
-        super().__init__(400, "job_ttl_too_long",
-                         f"job_ttl_s {requested_s:g} is longer than this gateway's job TTL "
-                         f"({limit_s:g} s); a request may only shorten it")
-
-
 def job_ttl(default_s: float, requested_s: float | None) -> float:
-    """A job's TTL: the gateway's, or a shorter one the request asked for.
-    0 means never (the leak; admission refuses it unless broken modes are on)."""
+    """A job's TTL: the gateway's, or a shorter one the request asked for; a
+    longer one is cut to the gateway's (the operator's bound), as the resume
+    surface does, and the 201 says which applies. 0 means never (the leak;
+    admission refuses it unless broken modes are on)."""
     if requested_s is None:
         return default_s
-    if requested_s > 0 and default_s > 0 and requested_s > default_s:
-        raise JobTtlTooLong(requested_s, default_s)
+    if requested_s > 0 and default_s > 0:
+        return min(requested_s, default_s)
     return requested_s
 
 

@@ -59,7 +59,7 @@ class StreamlabOptions(BaseModel):
     # it (an error event, no [DONE]) or swallow it (the classic bug).
     engine_errors: Literal["report", "swallow"] = "report"
     # Polling jobs only: this job's TTL. None: the gateway's; 0: never expires
-    # (the leak). It may shorten the gateway's TTL, never lengthen it.
+    # (the leak). It may shorten the gateway's TTL; a longer one is cut to it.
     job_ttl_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
 
     def broken_modes(self) -> list[str]:

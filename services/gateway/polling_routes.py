@@ -2,7 +2,8 @@
 
     POST   /v1/jobs                    body as /v1/chat/completions → 201 {"id": ...,
                                        "ttl_s": ...}; "streamlab": {"job_ttl_s": S}
-                                       shortens this job's TTL
+                                       shortens this job's TTL (never lengthens
+                                       it: the 201's ttl_s is the one in force)
     GET    /v1/jobs/{id}?since=N       tokens from index N now (short polling)
     GET    /v1/jobs/{id}?since=N&wait_s=S
                                        hold until there is a token past N, the job
