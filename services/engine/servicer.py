@@ -31,6 +31,7 @@ from services.engine.backends.base import (
 )
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord, State
+from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -54,6 +55,11 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         raise InvalidRequest(
             f"max_tokens={request.max_tokens} exceeds the limit {settings.max_tokens_limit}"
         )
+    if len(request.stop) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(f"stop: at most {MAX_STOP_SEQUENCES} sequences, "
+                             f"got {len(request.stop)}")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in request.stop):
+        raise InvalidRequest(f"stop: each sequence must be 1-{MAX_STOP_CHARS} characters")
     defaults = settings.fake
     timing = request.timing if request.HasField("timing") else pb.FakeModelTiming()
     fake = FakeTiming(
@@ -74,6 +80,7 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         messages=tuple(ChatMessage(m.role, m.content) for m in request.messages),
         max_tokens=request.max_tokens or settings.max_tokens_limit,
         timing=fake,
+        stop=tuple(request.stop),
         requested_max_tokens=request.max_tokens,
     )
 
@@ -116,6 +123,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         state = State.FAILED
         produced = 0
         summary: GenerationSummary | None = None
+        stop = StopMatcher(generation.stop)
+        stopped = False
         try:
             # aclosing: the backend's own `finally` (freeing a KV cache, closing an
             # upstream HTTP stream) runs now on every exit, not when GC gets to it.
@@ -129,8 +138,25 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     if isinstance(item, GenerationSummary):
                         summary = item
                         continue
-                    yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=item))
-                    produced += 1
+                    fed = stop.feed(item)
+                    if fed.text:
+                        yield pb.GenerateResponse(
+                            token=pb.TokenChunk(index=produced, text=fed.text))
+                        produced += 1
+                    if fed.stopped:
+                        # Leaving the loop closes the backend (aclosing): it
+                        # stops at this step, as on a cancel, minus the cancel.
+                        stopped = True
+                        break
+            if not stopped and (rest := stop.flush()):
+                yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=rest))
+                produced += 1
+            if stopped:
+                # The backend's summary would have come after its last text, so
+                # count here: every token the model made, the stop's included.
+                summary = GenerationSummary(
+                    prompt_tokens=_prompt_tokens(generation),
+                    completion_tokens=record.tokens_generated, finished_by_length=False)
             if summary is None:
                 summary = GenerationSummary(
                     prompt_tokens=_prompt_tokens(generation),

@@ -98,7 +98,14 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     stream_options: StreamOptions | None = None
+    # OpenAI's `stop`: one string or a list. The engine owns the rules (at most
+    # 4, each 1-256 characters: a named 400 otherwise) and applies them for
+    # every backend (services/engine/stop.py).
+    stop: str | list[str] | None = None
     streamlab: StreamlabOptions | None = None
+
+    def stop_sequences(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def to_engine_request(self, request_id: str) -> pb.GenerateRequest:
         options = self.streamlab or StreamlabOptions()
@@ -114,6 +121,7 @@ class ChatCompletionRequest(BaseModel):
             messages=[pb.ChatMessage(role=m.role, content=m.content) for m in self.messages],
             max_tokens=self.max_completion_tokens or self.max_tokens or 0,
             timing=timing,
+            stop=self.stop_sequences(),
         )
 
 

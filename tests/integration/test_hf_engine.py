@@ -51,6 +51,33 @@ async def test_the_stream_is_what_transformers_generate_decodes(tiny_model_dir: 
     assert finish.reason == expected
 
 
+async def test_a_stop_sequence_ends_a_real_models_answer_there(tiny_model_dir: Path) -> None:
+    """The engine's stop matcher over real tokenizer output: the text is cut
+    before the stop, and decoding stops at the token that completed it."""
+    prompt, budget = "the quick brown fox", 24
+
+    async def generate(stop: list[str]) -> tuple[str, pb.Finish | None]:
+        texts: list[str] = []
+        finish: pb.Finish | None = None
+        async with running_engine(hf_settings(tiny_model_dir)) as stub:
+            async for response in stub.Generate(
+                    pb.GenerateRequest(prompt=prompt, max_tokens=budget, stop=stop), timeout=60):
+                if response.HasField("token"):
+                    texts.append(response.token.text)
+                elif response.HasField("finish"):
+                    finish = response.finish
+        return "".join(texts), finish
+
+    full, _ = await generate([])
+    stop = full[len(full) // 2: len(full) // 2 + 2]  # two characters from the middle
+    assert len(stop) == 2, f"the tiny model said too little: {full!r}"
+    cut, finish = await generate([stop])
+    assert cut == full[: full.find(stop)]
+    assert finish is not None
+    assert finish.reason == pb.FINISH_REASON_STOP
+    assert finish.usage.completion_tokens < budget
+
+
 def test_multibyte_text_round_trips_through_the_real_tokenizer(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -95,6 +95,10 @@ def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings) -> 
         body["model"] = settings.model
     if request.requested_max_tokens:
         body["max_tokens"] = request.requested_max_tokens
+    if request.stop:
+        # The upstream stops its own decoding (the GPU saving); the engine's
+        # matcher still applies, so the text is cut the same either way.
+        body["stop"] = list(request.stop)
     if settings.forward_streamlab_timing:
         timing = request.timing
         body["streamlab"] = {

@@ -96,3 +96,9 @@ def test_chunks_map_to_text_finish_and_usage() -> None:
 def test_an_error_event_is_an_error() -> None:
     assert parse_chunk({"error": {"message": "engine went away"}}).error == "engine went away"
     assert parse_chunk(["not", "an", "object"]).error is not None
+
+
+def test_stop_sequences_go_upstream_only_when_asked_for() -> None:
+    settings = OpenAIUpstreamSettings(base_url="http://x/v1")
+    assert "stop" not in request_body(generation(), settings)
+    assert request_body(generation(stop=("\n\n", "END")), settings)["stop"] == ["\n\n", "END"]

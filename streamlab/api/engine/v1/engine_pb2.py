@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$streamlab/api/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xc8\x01\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokens\"\xcb\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x42\t\n\x07_timing\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xbb\x01\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xd2\x01\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\"\xe0\x02\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\"\x91\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\xd3\x01\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$streamlab/api/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xc8\x01\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokens\"\xd9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\tB\t\n\x07_timing\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xbb\x01\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xd2\x01\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\"\xe0\x02\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\"\x91\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\xd3\x01\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamlab.api.engine.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1778
-  _globals['_FINISHREASON']._serialized_end=1873
-  _globals['_GENERATIONSTATE']._serialized_start=1876
-  _globals['_GENERATIONSTATE']._serialized_end=2050
+  _globals['_FINISHREASON']._serialized_start=1792
+  _globals['_FINISHREASON']._serialized_end=1887
+  _globals['_GENERATIONSTATE']._serialized_start=1890
+  _globals['_GENERATIONSTATE']._serialized_end=2064
   _globals['_CHATMESSAGE']._serialized_start=65
   _globals['_CHATMESSAGE']._serialized_end=109
   _globals['_THINKPAUSE']._serialized_start=111
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FAKEMODELTIMING']._serialized_start=165
   _globals['_FAKEMODELTIMING']._serialized_end=365
   _globals['_GENERATEREQUEST']._serialized_start=368
-  _globals['_GENERATEREQUEST']._serialized_end=571
-  _globals['_TOKENCHUNK']._serialized_start=573
-  _globals['_TOKENCHUNK']._serialized_end=614
-  _globals['_USAGE']._serialized_start=616
-  _globals['_USAGE']._serialized_end=673
-  _globals['_FINISH']._serialized_start=675
-  _globals['_FINISH']._serialized_end=785
-  _globals['_STREAMERROR']._serialized_start=787
-  _globals['_STREAMERROR']._serialized_end=831
-  _globals['_GENERATERESPONSE']._serialized_start=834
-  _globals['_GENERATERESPONSE']._serialized_end=1021
-  _globals['_GETSTATSREQUEST']._serialized_start=1023
-  _globals['_GETSTATSREQUEST']._serialized_end=1060
-  _globals['_GENERATIONRECORD']._serialized_start=1063
-  _globals['_GENERATIONRECORD']._serialized_end=1273
-  _globals['_GETSTATSRESPONSE']._serialized_start=1276
-  _globals['_GETSTATSRESPONSE']._serialized_end=1628
-  _globals['_ENGINELOAD']._serialized_start=1631
-  _globals['_ENGINELOAD']._serialized_end=1776
-  _globals['_ENGINESERVICE']._serialized_start=2053
-  _globals['_ENGINESERVICE']._serialized_end=2264
+  _globals['_GENERATEREQUEST']._serialized_end=585
+  _globals['_TOKENCHUNK']._serialized_start=587
+  _globals['_TOKENCHUNK']._serialized_end=628
+  _globals['_USAGE']._serialized_start=630
+  _globals['_USAGE']._serialized_end=687
+  _globals['_FINISH']._serialized_start=689
+  _globals['_FINISH']._serialized_end=799
+  _globals['_STREAMERROR']._serialized_start=801
+  _globals['_STREAMERROR']._serialized_end=845
+  _globals['_GENERATERESPONSE']._serialized_start=848
+  _globals['_GENERATERESPONSE']._serialized_end=1035
+  _globals['_GETSTATSREQUEST']._serialized_start=1037
+  _globals['_GETSTATSREQUEST']._serialized_end=1074
+  _globals['_GENERATIONRECORD']._serialized_start=1077
+  _globals['_GENERATIONRECORD']._serialized_end=1287
+  _globals['_GETSTATSRESPONSE']._serialized_start=1290
+  _globals['_GETSTATSRESPONSE']._serialized_end=1642
+  _globals['_ENGINELOAD']._serialized_start=1645
+  _globals['_ENGINELOAD']._serialized_end=1790
+  _globals['_ENGINESERVICE']._serialized_start=2067
+  _globals['_ENGINESERVICE']._serialized_end=2278
 # @@protoc_insertion_point(module_scope)

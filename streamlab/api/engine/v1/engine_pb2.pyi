@@ -58,18 +58,20 @@ class FakeModelTiming(_message.Message):
     def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing")
+    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
     timing: FakeModelTiming
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("index", "text")
