@@ -8,6 +8,7 @@ Backends may report tokens from a worker thread, hence the lock.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -112,5 +113,8 @@ class EngineStats:
     def _evict_finished(self) -> None:
         # Running generations are never evicted: a test may still ask about them.
         excess = len(self._records) - self._history
-        for key in [k for k, r in self._records.items() if r.state is not State.RUNNING][:excess]:
+        if excess <= 0:
+            return
+        oldest_finished = (k for k, r in self._records.items() if r.state is not State.RUNNING)
+        for key in list(itertools.islice(oldest_finished, excess)):
             del self._records[key]

@@ -23,6 +23,18 @@ def test_history_evicts_finished_generations_but_never_running_ones() -> None:
     for i in range(5):
         stats.end(stats.begin(f"done-{i}"), State.COMPLETED)
     ids = [r.request_id for r in stats.records()]
-    assert "running" in ids
-    assert len(ids) <= 3
+    assert ids == ["running", "done-4"]  # the newest finished one, and the running one
     assert stats.records("running") == [running]
+
+
+def test_history_keeps_every_record_until_it_is_full() -> None:
+    """Below the bound nothing is evicted (a negative excess once trimmed the
+    log to about half of it)."""
+    stats = EngineStats(history=10)
+    for i in range(9):
+        stats.end(stats.begin(f"done-{i}"), State.COMPLETED)
+    assert [r.request_id for r in stats.records()] == [f"done-{i}" for i in range(9)]
+    stats.end(stats.begin("done-9"), State.COMPLETED)
+    stats.end(stats.begin("done-10"), State.COMPLETED)
+    assert [r.request_id for r in stats.records()][0] == "done-1"  # the oldest went first
+    assert len(stats.records()) == 10
