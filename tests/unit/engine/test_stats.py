@@ -36,5 +36,5 @@ def test_history_keeps_every_record_until_it_is_full() -> None:
     assert [r.request_id for r in stats.records()] == [f"done-{i}" for i in range(9)]
     stats.end(stats.begin("done-9"), State.COMPLETED)
     stats.end(stats.begin("done-10"), State.COMPLETED)
-    assert [r.request_id for r in stats.records()][0] == "done-1"  # the oldest went first
+    assert stats.records()[0].request_id == "done-1"  # the oldest went first
     assert len(stats.records()) == 10
