@@ -151,17 +151,16 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             if not stopped and (rest := stop.flush()):
                 yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=rest))
                 produced += 1
-            if stopped:
-                # The backend's summary would have come after its last text, so
-                # count here: every token the model made, the stop's included.
+            if summary is None or stopped:
+                # Counted from the model's decode steps, not from the chunks sent:
+                # held-back text can leave as one chunk for several tokens, and a
+                # stop ends the loop before a backend's own summary arrives.
+                made = record.tokens_generated
                 summary = GenerationSummary(
                     prompt_tokens=_prompt_tokens(generation),
-                    completion_tokens=record.tokens_generated, finished_by_length=False)
-            if summary is None:
-                summary = GenerationSummary(
-                    prompt_tokens=_prompt_tokens(generation),
-                    completion_tokens=produced,
-                    finished_by_length=self._backend.finished_by_length(generation, produced),
+                    completion_tokens=made,
+                    finished_by_length=(not stopped
+                                        and self._backend.finished_by_length(generation, made)),
                 )
             reason = (pb.FINISH_REASON_LENGTH if summary.finished_by_length
                       else pb.FINISH_REASON_STOP)

@@ -28,6 +28,8 @@ class StopMatcher:
         self._held = ""
 
     def feed(self, text: str) -> Fed:
+        if not self._stops:  # the common case, once per token: nothing to look for
+            return Fed(text, stopped=False)
         pending = self._held + text
         # The stop that *completes* first is the one a token-by-token model
         # would hit first, whichever starts first: the cut does not depend on

@@ -56,6 +56,9 @@ async def test_a_stop_that_never_occurs_changes_nothing(lab: Lab, http: httpx.As
                                                          ) -> None:
     result = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions",
                                body(["zebra", "dog while x", FULL.split()[-1] + " X"]))
+    # Held-back text leaves as one chunk for several tokens; usage still counts tokens.
+    assert result.usage is not None
+    assert result.usage["completion_tokens"] == ANSWER
     assert FULL.endswith(FULL.split()[-1] + " ")
     assert result.done
     # Text held back as a possible stop came out: mid-answer with the next
