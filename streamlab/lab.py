@@ -60,6 +60,15 @@ def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
     return found
 
 
+def engine_stats(target: str, request_id: str = "") -> pb.GetStatsResponse:
+    """An engine's counters (GetStats), all or one request's. A channel per call:
+    a cached one would sit in gRPC's reconnect backoff after an engine restart."""
+    with grpc.insecure_channel(target) as channel:
+        response: pb.GetStatsResponse = pb_grpc.EngineServiceStub(channel).GetStats(
+            pb.GetStatsRequest(request_id=request_id), timeout=5.0)
+    return response
+
+
 def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:
     """The settings a service started now gets, for state.json: the ones it
     inherits from this process's environment, then the lab's own overrides;
@@ -284,10 +293,7 @@ class Lab:
 
     def engine_stats(self, request_id: str = "") -> pb.GetStatsResponse:
         """Counters read straight from the engine (not through any proxy)."""
-        with grpc.insecure_channel(self.engine_target) as channel:
-            response: pb.GetStatsResponse = pb_grpc.EngineServiceStub(channel).GetStats(
-                pb.GetStatsRequest(request_id=request_id), timeout=5.0)
-        return response
+        return engine_stats(self.engine_target, request_id)
 
     def toxiproxy(self) -> Toxiproxy:
         return Toxiproxy(self.toxiproxy_url)

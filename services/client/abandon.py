@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
+from services.client.generation_end import wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.api.engine.v1 import engine_pb2 as pb
 
@@ -72,16 +74,10 @@ async def abandon_streams(
         await asyncio.gather(*(one(http, rid, after) for rid, after in plan))
 
     report = AbandonReport(streams=streams, cancelled=0, still_running=0)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
+    deadline = time.monotonic() + 10  # for all of them together
     for rid, (left_at, _) in left.items():
-        while True:
-            records = (await asyncio.to_thread(stats, rid)).generations
-            record = records[0] if records else None
-            if record is None or record.state != pb.GENERATION_STATE_RUNNING \
-                    or loop.time() > deadline:
-                break
-            await asyncio.sleep(0.02)
+        record = await asyncio.to_thread(wait_for_end, stats, rid,
+                                         max(0.0, deadline - time.monotonic()))
         if record is None:
             continue
         if record.state == pb.GENERATION_STATE_RUNNING:

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from services.client.generation_end import state_name
 from services.client.openai_stream import chat_body
 from services.client.silent import open_silent_reader
 from streamlab.api.engine.v1 import engine_pb2 as pb
@@ -130,8 +131,7 @@ def measure(lab: Lab, relay: str, clients: int, answer_tokens: int, timeout_s: f
                 run.timed_out = True
                 break
             time.sleep(SAMPLE_EVERY_S)
-        run.states = Counter(pb.GenerationState.Name(r.state).removeprefix("GENERATION_STATE_")
-                             .lower() for r in records)
+        run.states = Counter(state_name(r) for r in records)
     finally:
         for sock in socks:
             sock.close()

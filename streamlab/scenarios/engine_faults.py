@@ -36,6 +36,7 @@ from collections.abc import Callable
 import anyio
 import httpx
 
+from services.client.generation_end import state_name
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
@@ -147,8 +148,7 @@ async def engine_fault(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         "hung": hung,
         "ended_after_fault_s": (round(ended_at[0] - injected_at, 2)
                                 if injected_at is not None and ended_at else None),
-        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
-            "GENERATION_STATE_").lower() if record else None,
+        "engine_state": state_name(record) if record else None,
         # The engine's clock is this host's CLOCK_MONOTONIC, as time.monotonic().
         "engine_cancelled_after_fault_s": (
             round(record.cancelled_at - injected_at, 2)

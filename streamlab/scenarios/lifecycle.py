@@ -23,6 +23,7 @@ import uuid
 
 import httpx
 
+from services.client.generation_end import state_name, wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab import resume_scenario
@@ -45,15 +46,7 @@ def job_tokens(timing: Timing) -> int:
 
 
 async def record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
-    end = time.monotonic() + timeout_s
-    record = None
-    while time.monotonic() < end:
-        records = await asyncio.to_thread(lab.engine_stats, rid)
-        record = records.generations[0] if records.generations else None
-        if record is not None and record.state != pb.GENERATION_STATE_RUNNING:
-            return record
-        await asyncio.sleep(0.05)
-    return record
+    return await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, timeout_s)
 
 
 async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
@@ -69,8 +62,7 @@ async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
     return {
         "client_tokens": len(result.texts),
-        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
-            "GENERATION_STATE_").lower() if record else None,
+        "engine_state": state_name(record) if record else None,
         "tokens_generated": record.tokens_generated if record else None,
         "tokens_after_client_left": (record.tokens_generated - len(result.texts)
                                      if record else None),
@@ -103,8 +95,7 @@ async def abandoned_prefill(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     return {
         "status": status,
         "left_after_s": LEAVE_AT_S,
-        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
-            "GENERATION_STATE_").lower() if record else None,
+        "engine_state": state_name(record) if record else None,
         "tokens_generated": record.tokens_generated if record else None,
         "cancel_latency_ms": (round((record.cancelled_at - left_at) * 1000, 1)
                               if record and cancelled else None),
@@ -143,8 +134,7 @@ async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         "paused_by_flow_control": paused_at is not None,
         "paused_at_tokens": paused_at,
         "tokens_generated": final.tokens_generated if final else None,
-        "engine_state": pb.GenerationState.Name(final.state).removeprefix(
-            "GENERATION_STATE_").lower() if final else None,
+        "engine_state": state_name(final) if final else None,
     }
 
 
@@ -187,8 +177,7 @@ async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         "job_ttl_s": job["ttl_s"],
         "tokens_asked": tokens,
         "client_tokens": seen,
-        "engine_state": pb.GenerationState.Name(record.state).removeprefix(
-            "GENERATION_STATE_").lower() if record else None,
+        "engine_state": state_name(record) if record else None,
         "tokens_generated": record.tokens_generated if record else None,
         "tokens_after_client_left": record.tokens_generated - seen if record else None,
         "tokens_after_cancel": record.tokens_after_cancel if record else None,

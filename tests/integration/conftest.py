@@ -75,12 +75,16 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-@pytest.fixture(scope="session")
-def lab_ports() -> Ports:
-    names = ["edge_port", "nginx_port", "upstream_port", "engine_proxy_port",
-             "toxiproxy_api_port", "gateway_port", "engine_port"]
+def free_lab_ports() -> Ports:
+    """Every port of a lab, each one free now (for a lab of a test's own)."""
+    names = [name for name in Ports.model_fields if name.endswith("_port")]
     return Ports.model_validate(
         {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
+
+
+@pytest.fixture(scope="session")
+def lab_ports() -> Ports:
+    return free_lab_ports()
 
 
 @pytest.fixture(scope="session")

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import time
 
+from services.client.generation_end import Stats, wait_for_end
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 
 
 def wait_for_generation_end(lab: Lab, request_id: str, timeout_s: float = 5.0
                             ) -> pb.GenerationRecord:
-    """Poll GetStats until the generation is no longer running; fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last: pb.GenerationRecord | None = None
-    while time.monotonic() < deadline:
-        records = lab.engine_stats(request_id).generations
-        if records:
-            last = records[0]
-            if last.state != pb.GENERATION_STATE_RUNNING:
-                return last
-        time.sleep(0.02)
-    raise AssertionError(f"generation {request_id} still running after {timeout_s} s: {last}")
+    """The generation's record once it has ended; fail at the deadline."""
+    return ended(lab.engine_stats, request_id, timeout_s)
+
+
+def ended(stats: Stats, request_id: str, timeout_s: float = 5.0) -> pb.GenerationRecord:
+    """As wait_for_generation_end, for any engine's stats (an upstream's too)."""
+    record = wait_for_end(stats, request_id, timeout_s)
+    if record is None or record.state == pb.GENERATION_STATE_RUNNING:
+        raise AssertionError(f"generation {request_id} still running after {timeout_s} s: "
+                             f"{record}")
+    return record
 
 
 def wait_for_generation_start(lab: Lab, request_id: str, timeout_s: float = 5.0

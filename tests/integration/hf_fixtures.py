@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamlab.lab import Lab, LabOptions
-from streamlab.topology import Ports
-from tests.integration.conftest import TEST_HEARTBEAT_S, free_ports
+from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports
 
 HF_MISSING = ("the hf extra (torch, transformers) is not installed: "
               "STREAMLAB_WITH_HF=1 bash scripts/install.sh")
@@ -58,10 +57,7 @@ def hf_engine_env(model_dir: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def hf_lab(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """The whole chain (edge → nginx → gateway → engine) with the engine on the tiny model."""
-    names = ["edge_port", "nginx_port", "upstream_port", "engine_proxy_port",
-             "toxiproxy_api_port", "gateway_port", "engine_port"]
-    ports = Ports.model_validate(
-        {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
+    ports = free_lab_ports()
     options = LabOptions(
         run_dir=tmp_path_factory.mktemp("hf-lab"),
         engine_env=hf_engine_env(tiny_model_dir),

@@ -3,7 +3,6 @@ second streamlab gateway + engine (tests/integration/upstream_fixtures.py)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import grpc
@@ -17,7 +16,7 @@ from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from tests.integration.conftest import free_ports
 from tests.integration.engine_inproc import running_engine
-from tests.integration.engine_probe import wait_for_generation_end
+from tests.integration.engine_probe import ended, wait_for_generation_end
 from tests.integration.upstream_fixtures import UPSTREAM_MAX_TOKENS, UpstreamPair
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -81,7 +80,7 @@ async def test_a_client_that_leaves_closes_the_upstream_stream_at_once(
     assert result.closed_early, result.error
 
     outer = wait_for_generation_end(openai_lab, rid)
-    inner = _wait_inner_end(upstream_pair, rid)
+    inner = ended(upstream_pair.engine_stats, rid)
     assert outer.state == pb.GENERATION_STATE_CANCELLED
     assert inner.state == pb.GENERATION_STATE_CANCELLED
     # Both engines stamp CLOCK_MONOTONIC: the outer engine's cancel to the upstream
@@ -134,15 +133,3 @@ async def test_unreachable_and_unknown_upstreams_map_to_grpc_statuses(
                 async for _ in stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=10):
                     pass
         assert error.value.code() == status, error.value.details()
-
-
-def _wait_inner_end(pair: UpstreamPair, rid: str, timeout_s: float = 5.0) -> pb.GenerationRecord:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        found = pair.engine_stats(rid).generations
-        if found and found[0].state != pb.GENERATION_STATE_RUNNING:
-            return found[0]
-        last = found[0] if found else None
-        time.sleep(0.02)
-    raise AssertionError(f"upstream generation {rid} still running after {timeout_s} s: {last}")

@@ -23,11 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import processes
 from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
-from streamlab.lab import Lab, LabOptions
+from streamlab.lab import Lab, LabOptions, engine_stats
 from streamlab.processes import Running, ServiceSpec
-from streamlab.topology import REPO_ROOT, Ports
-from tests.integration.conftest import TEST_HEARTBEAT_S, free_ports
+from streamlab.topology import REPO_ROOT
+from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports, free_ports
 
 # The inner engine's limit is below the outer one's: a request between the two
 # passes the outer engine and is refused upstream (an error to map back).
@@ -84,10 +83,7 @@ class UpstreamPair:
         return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
     def engine_stats(self, request_id: str = "") -> pb.GetStatsResponse:
-        with grpc.insecure_channel(f"127.0.0.1:{self.engine_port}") as channel:
-            response: pb.GetStatsResponse = pb_grpc.EngineServiceStub(channel).GetStats(
-                pb.GetStatsRequest(request_id=request_id), timeout=5.0)
-        return response
+        return engine_stats(f"127.0.0.1:{self.engine_port}", request_id)
 
 
 @pytest.fixture(scope="session")
@@ -106,10 +102,7 @@ def upstream_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream
 @pytest.fixture(scope="session")
 def openai_lab(upstream_pair: UpstreamPair,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    names = ["edge_port", "nginx_port", "upstream_port", "engine_proxy_port",
-             "toxiproxy_api_port", "gateway_port", "engine_port"]
-    ports = Ports.model_validate(
-        {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
+    ports = free_lab_ports()
     options = LabOptions(
         run_dir=tmp_path_factory.mktemp("openai-lab"),
         engine_env={"STREAMLAB_ENGINE_BACKEND": "openai",
