@@ -29,6 +29,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from services.gateway.admission import check_new_stream
 from services.gateway.drain import DRAINING, Drain
 from services.gateway.engine_client import EngineClient, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
@@ -103,9 +104,13 @@ async def _serve(websocket: WebSocket, engine: EngineClient, metrics: GatewayMet
         async with asyncio.timeout(PROMPT_TIMEOUT_S):
             text = await websocket.receive_text()
         prompt = WsPrompt.parse(text)
+        chat = prompt.to_chat()
+        # The SSE route's checks on the request itself: prompt size, broken
+        # modes, drain (a drain that began after the handshake).
+        check_new_stream(websocket.app.state, chat.messages, chat.streamlab)
         request_id = (prompt.streamlab.request_id if prompt.streamlab else None) \
             or uuid.uuid4().hex
-        stream = await engine.open(prompt.to_chat().to_engine_request(request_id))
+        stream = await engine.open(chat.to_engine_request(request_id))
     except WebSocketDisconnect:
         return
     except TimeoutError:
@@ -118,6 +123,9 @@ async def _serve(websocket: WebSocket, engine: EngineClient, metrics: GatewayMet
     except EngineError as exc:
         metrics.engine_errors.labels(exc.code).inc()
         await _fail(websocket, exc, CLOSE_INTERNAL)
+        return
+    except GatewayError as exc:  # draining: come back later, elsewhere
+        await _fail(websocket, exc, CLOSE_RESTART)
         return
 
     drain.track(stream)

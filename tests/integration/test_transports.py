@@ -24,6 +24,7 @@ from services.client.measure import TransportRun, sse_chat
 from services.client.openai_stream import chat_body
 from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
+from services.gateway.settings import GatewaySettings
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
@@ -123,6 +124,21 @@ async def test_websocket_bad_prompt_is_an_error_and_a_1007_close(lab: Lab) -> No
             assert ws.close_code == 1007
     assert error["error"]["code"] == "invalid_prompt"
     assert "token_gap_ms" in error["error"]["message"]
+
+
+async def test_websocket_prompt_over_the_size_limit_is_refused_like_on_sse(lab: Lab) -> None:
+    request_id = f"ws-big-{uuid.uuid4().hex[:8]}"
+    big = {"prompt": "x" * (GatewaySettings().max_prompt_chars + 1),
+           "streamlab": {"request_id": request_id}}
+    with anyio.fail_after(15):
+        async with websockets.connect(ws_url(lab), compression=None, open_timeout=5) as ws:
+            await ws.send(json.dumps(big))
+            error = json.loads(str(await ws.recv()))
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+            assert ws.close_code == 1007
+    assert error["error"]["code"] == "prompt_too_long"
+    assert not lab.engine_stats(request_id).generations, "refused, yet it started"
 
 
 async def test_websocket_client_leaving_cancels_the_generation(lab: Lab) -> None:
