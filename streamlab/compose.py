@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from dotenv import dotenv_values
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab import processes
@@ -65,15 +66,11 @@ class ComposeError(RuntimeError):
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=value lines, as compose's `env_file` reads them (comments and blank
-    lines skipped); a missing file reads as empty."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+    """KEY=value lines, as compose's `env_file` reads them; a missing file reads
+    as empty."""
+    if not path.exists():
         return {}
-    pairs = (line.split("=", 1) for line in lines
-             if "=" in line and not line.lstrip().startswith("#"))
-    return {key.strip(): value.strip() for key, value in pairs}
+    return {key: value for key, value in dotenv_values(path).items() if value is not None}
 
 
 def service_env_file(service: str) -> Path:

@@ -37,11 +37,6 @@ class Ports(BaseSettings):
         """Ports from lab.env, overridden by STREAMLAB_* environment variables."""
         return cls()
 
-    def as_env(self) -> dict[str, str]:
-        """The same ports as environment variables, for child processes."""
-        return {f"STREAMLAB_{name.upper()}": str(value)
-                for name, value in self.model_dump().items()}
-
 
 @dataclass(frozen=True)
 class Hop:
@@ -52,6 +47,10 @@ class Hop:
     upstream_port: int
     # The compose service listening on upstream_port (compose.yaml's service names).
     upstream_service: str = ""
+
+
+# The faultable hops by name, client side first (as hops() builds them).
+HOP_NAMES = ("edge", "upstream", "engine")
 
 
 def hops(ports: Ports) -> tuple[Hop, Hop, Hop]:

@@ -10,8 +10,6 @@ The official `toxiproxy-cli` keeps working against the same server.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -131,15 +129,9 @@ class Toxiproxy:
             return response.json()
         return response.text
 
-    def version(self) -> str:
-        return str(self._call("GET", "/version")).strip()
-
     def proxies(self) -> dict[str, dict[str, Any]]:
         result: dict[str, dict[str, Any]] = self._call("GET", "/proxies")
         return result
-
-    def populate(self, specs: list[ProxySpec]) -> None:
-        self._call("POST", "/populate", [s.as_json() for s in specs])
 
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
@@ -173,19 +165,6 @@ class Toxiproxy:
 
     def remove_toxic(self, proxy: str, name: str) -> None:
         self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
-
-    @contextmanager
-    def toxic(self, proxy: str, toxic: Toxic) -> Iterator[dict[str, Any]]:
-        """The toxic while the block runs, removed after it (even on error)."""
-        added = self.add_toxic(proxy, toxic)
-        try:
-            yield added
-        finally:
-            try:
-                self.remove_toxic(proxy, str(added["name"]))
-            except ToxiproxyError as exc:
-                if exc.status_code != 404:  # already gone (a reset) is fine
-                    raise
 
     def metrics(self) -> str:
         """Prometheus text from `-proxy-metrics` (bytes per proxy and direction)."""

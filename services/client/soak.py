@@ -28,6 +28,7 @@ import httpx
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
+from streamlab.topology import HOP_NAMES
 from streamlab.toxiproxy import Toxic, Toxiproxy
 
 ANSWER_LENGTHS = (20, 60, 120)
@@ -209,7 +210,7 @@ async def _chaos(target: SoakTarget, rng: random.Random, stop: asyncio.Event,
                 await asyncio.to_thread(target.start_engine)
                 report.engine_restarts += 1
                 continue
-            hop = rng.choice(("edge", "upstream", "engine"))
+            hop = rng.choice(HOP_NAMES)
             kind, attributes = rng.choice(CHAOS_TOXICS)
             name = f"soak_{kind}"
             await asyncio.to_thread(client.add_toxic, hop, Toxic(

@@ -122,11 +122,6 @@ class TransportResult:
             "cpu_us_per_token": summary([x.cpu_us_per_token for x in s]),
         }
 
-    def typical(self) -> Sample | None:
-        """The run whose total is the median one (for the timeline)."""
-        ok = sorted((x for x in self.samples if x.done), key=lambda x: x.total_ms)
-        return ok[len(ok) // 2] if ok else None
-
 
 @dataclass
 class TransportsReport:

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.topology import HOP_NAMES
 from streamlab.toxiproxy import (
     DIRECTIONS,
     TOXIC_TYPES,
@@ -43,7 +44,7 @@ proxy_app = typer.Typer(help="Enable or disable a whole hop (edge, upstream, eng
 console = Console()
 err = Console(stderr=True)
 
-HOPS = ("edge", "upstream", "engine")
+HOPS = HOP_NAMES
 Hop = Annotated[str, typer.Argument(help=f"One of: {', '.join(HOPS)}.")]
 Attr = Annotated[list[str] | None, typer.Option(
     "--attribute", "-a", help="key=value, repeatable (see `streamlab toxic types`).")]

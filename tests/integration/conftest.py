@@ -174,7 +174,7 @@ def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., ExtraGatew
 # ---- Toxiproxy as a Python API, for tests ---------------------------------------------
 @pytest.fixture
 def toxiproxy(lab: Lab) -> Iterator[Toxiproxy]:
-    """A client for the lab's Toxiproxy (`add_toxic`, `set_enabled`, `toxic(...)`, ...)."""
+    """A client for the lab's Toxiproxy (`add_toxic`, `set_enabled`, ...)."""
     with lab.toxiproxy() as client:
         yield client
 

@@ -11,7 +11,7 @@ import yaml
 
 from streamlab import compose_config
 from streamlab.compose import ComposeSettings
-from streamlab.topology import REPO_ROOT, hops
+from streamlab.topology import HOP_NAMES, REPO_ROOT, Ports, hops
 
 COMPOSE = REPO_ROOT / "compose.yaml"
 PUBLISHED = re.compile(r"^\$\{STREAMLAB_HOST:-127\.0\.0\.1\}:\$\{(STREAMLAB_\w+):\?[^}]*\}:(\d+)$")
@@ -104,3 +104,7 @@ def test_compose_argv_names_file_and_project() -> None:
         "docker-compose", "-f", "/repo/compose.yaml", "-p", "lab-1", "stop", "engine"]
     assert ComposeSettings(command="docker compose", project="").argv("ps")[:3] == [
         "docker", "compose", "-f"]
+
+
+def test_hop_names_are_the_hops_in_order() -> None:
+    assert tuple(h.name for h in hops(Ports.load())) == HOP_NAMES
