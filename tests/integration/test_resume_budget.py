@@ -19,8 +19,7 @@ import pytest
 from services.client.resume_stream import create_stream, follow_stream
 from services.client.sse import Comment, SSEDecoder
 from streamlab.lab import Lab, LabOptions
-from streamlab.topology import Ports
-from tests.integration.conftest import free_ports
+from tests.integration.conftest import free_lab_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -29,10 +28,7 @@ BUDGET_BYTES = 4096  # about forty token events
 
 @pytest.fixture(scope="module")
 def small_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    names = ["edge_port", "nginx_port", "upstream_port", "engine_proxy_port",
-             "toxiproxy_api_port", "gateway_port", "engine_port"]
-    ports = Ports.model_validate(
-        {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
+    ports = free_lab_ports()
     run_dir: Path = tmp_path_factory.mktemp("small-lab")
     lab = Lab(ports, LabOptions(run_dir=run_dir, gateway_env={
         "STREAMLAB_GATEWAY_RESUME_TOTAL_MAX_BYTES": str(BUDGET_BYTES)}))
@@ -75,7 +71,10 @@ async def test_total_replay_memory_stays_under_the_budget(small_lab: Lab) -> Non
         assert missed["missed_from"] == f"{big['id']}:1"
         assert replay.headers["last-event-id"] == missed["missed_to"]
         tokens = [json.loads(e.data)["index"] for e in events if e.event == "token"]
+        assert tokens, "some of the newest events were kept"
         assert tokens == list(range(80 - len(tokens), 80)), "the newest are kept, in order"
+        # ...and the replay starts right after the gap (token i is event i + 1).
+        assert missed["missed_to"] == f"{big['id']}:{tokens[0]}"
         assert events[-1].event == "done"
 
         metrics = (await http.get(f"{small_lab.gateway_url}/metrics")).text

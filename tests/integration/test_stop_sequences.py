@@ -71,9 +71,12 @@ async def test_a_stop_that_never_occurs_changes_nothing(lab: Lab, http: httpx.As
 async def test_bad_stop_sequences_get_a_400_before_anything_starts(
     lab: Lab, http: httpx.AsyncClient, stop: Any
 ) -> None:
-    response = await http.post(f"{lab.edge_url}/v1/chat/completions", json=body(stop))
+    rid = f"bad-stop-{uuid.uuid4().hex[:8]}"
+    response = await http.post(f"{lab.edge_url}/v1/chat/completions", json=body(stop),
+                               headers={"X-Request-Id": rid})
     assert response.status_code == 400, response.text
     assert "stop" in response.json()["error"]["message"]
+    assert not lab.engine_stats(rid).generations, "refused, yet it started"
 
 
 async def test_a_non_streamed_answer_is_cut_the_same_way(lab: Lab, http: httpx.AsyncClient

@@ -24,6 +24,7 @@ from services.client.measure import TransportRun, sse_chat
 from services.client.openai_stream import chat_body
 from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
+from services.engine.backends.fake import token_text
 from services.gateway.settings import GatewaySettings
 from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
@@ -154,7 +155,9 @@ async def test_websocket_client_leaving_cancels_the_generation(lab: Lab) -> None
     record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, request_id)
     assert record.state == pb.GENERATION_STATE_CANCELLED
     assert record.tokens_generated < 3 + 20
-    assert time.monotonic() - closed_at < 5.0
+    assert record.tokens_after_cancel <= 1
+    # The engine's clock is this host's CLOCK_MONOTONIC, like time.monotonic().
+    assert record.cancelled_at - closed_at < 1.0
 
 
 async def test_websocket_closed_during_a_silent_prefill_cancels_at_once(lab: Lab) -> None:
@@ -229,4 +232,6 @@ async def test_grpc_direct_is_the_same_text_as_the_gateway(lab: Lab) -> None:
             await asyncio.wait_for(channel.channel_ready(), 5)
     run = await grpc_once(lab.engine_target, generate_request("hello", **TIMING))
     assert run.done
-    assert [t.strip() for t in run.texts][:3] == ["the", "quick", "brown"]
+    # The whole answer, as the model writes it (the SSE and WebSocket tests
+    # above compare their text with the same words).
+    assert "".join(run.texts) == "".join(token_text(i) for i in range(TIMING["answer_tokens"]))

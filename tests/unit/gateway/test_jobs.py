@@ -95,7 +95,8 @@ async def test_a_job_with_a_shorter_ttl_wakes_a_sleeping_reaper() -> None:
     store = store_with(30.0)
     store.open()
     try:
-        await asyncio.sleep(0.05)  # the reaper is now asleep for its 1 s interval
+        await asyncio.sleep(0)  # one loop turn: the reaper runs up to its first wait
+        assert store._sleeping_for == 1.0  # asleep for the store's pace (30 s / 4, capped)
         default = store.start(EndlessStream())  # type: ignore[arg-type]
         assert default.ttl_s == 30.0
         stream = EndlessStream()
