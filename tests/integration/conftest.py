@@ -141,34 +141,43 @@ class ExtraGateway:
     process: processes.Running
 
 
+def start_extra_gateway(lab: Lab, log_dir: Path, name: str, **env: str) -> ExtraGateway:
+    """Another gateway on the lab's engine (directly, not through the engine
+    hop's Toxiproxy), with settings of its own, ready; the caller stops it
+    (`processes.stop(gateway.process)`). Its output goes to log_dir/NAME.log."""
+    port = free_ports(1)[0]
+    url = f"http://{lab.ports.host}:{port}"
+    spec = ServiceSpec(
+        name, [sys.executable, "-m", "services.gateway"],
+        env={"STREAMLAB_GATEWAY_HOST": lab.ports.host,
+             "STREAMLAB_GATEWAY_PORT": str(port),
+             "STREAMLAB_GATEWAY_ENGINE_TARGET": lab.engine_target, **env},
+        ready=lambda: httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200,
+        cwd=REPO_ROOT)
+    running = processes.start(spec, log_dir)
+    try:
+        processes.wait_ready(running)
+    except BaseException:
+        processes.stop(running, grace_s=5.0)
+        raise
+    return ExtraGateway(url, running)
+
+
 @pytest.fixture
 def extra_gateway(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., ExtraGateway]]:
-    """Start another gateway on the lab's engine (directly, not through the
-    engine hop's Toxiproxy), with settings of its own
-    (`extra_gateway("name", STREAMLAB_GATEWAY_X="1").url`); every one is
-    stopped at the end of the test."""
-    started: list[processes.Running] = []
+    """`extra_gateway("name", STREAMLAB_GATEWAY_X="1").url`: start_extra_gateway
+    for one test; every one is stopped at the end of it."""
+    started: list[ExtraGateway] = []
 
     def start(name: str, **env: str) -> ExtraGateway:
-        port = free_ports(1)[0]
-        url = f"http://{lab.ports.host}:{port}"
-        spec = ServiceSpec(
-            name, [sys.executable, "-m", "services.gateway"],
-            env={"STREAMLAB_GATEWAY_HOST": lab.ports.host,
-                 "STREAMLAB_GATEWAY_PORT": str(port),
-                 "STREAMLAB_GATEWAY_ENGINE_TARGET": lab.engine_target, **env},
-            ready=lambda: httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200,
-            cwd=REPO_ROOT)
-        running = processes.start(spec, tmp_path / "logs")
-        started.append(running)
-        processes.wait_ready(running)
-        return ExtraGateway(url, running)
+        started.append(start_extra_gateway(lab, tmp_path / "logs", name, **env))
+        return started[-1]
 
     try:
         yield start
     finally:
-        for running in started:
-            processes.stop(running, grace_s=5.0)
+        for gateway in started:
+            processes.stop(gateway.process, grace_s=5.0)
 
 
 # ---- Toxiproxy as a Python API, for tests ---------------------------------------------

@@ -3,19 +3,16 @@ one, before any work starts, and serves requests with one."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from services.client.openai_stream import chat_body
+from streamlab import processes
 from streamlab.lab import Lab
-from streamlab.processes import wait_until
-from streamlab.topology import REPO_ROOT
-from tests.integration.conftest import free_ports
+from tests.integration.conftest import start_extra_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -23,35 +20,28 @@ KEY = "sk-lab-test-key"
 
 
 @pytest.fixture(scope="module")
-def guarded_gateway(lab: Lab) -> Iterator[str]:
-    port = free_ports(1)[0]
-    env = {**os.environ, "STREAMLAB_GATEWAY_PORT": str(port),
-           "STREAMLAB_GATEWAY_ENGINE_TARGET": lab.engine_target,
-           "STREAMLAB_GATEWAY_API_KEYS": f'["{KEY}", "another-key"]'}
-    process = subprocess.Popen([sys.executable, "-m", "services.gateway"], cwd=REPO_ROOT,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+def guarded_gateway(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    gateway = start_extra_gateway(lab, tmp_path_factory.mktemp("auth"), "gateway-auth",
+                                  STREAMLAB_GATEWAY_API_KEYS=f'["{KEY}", "another-key"]')
     try:
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 20,
-                   "guarded gateway")
-        yield url
+        yield gateway.url
     finally:
-        process.terminate()
-        process.wait(timeout=15)
-        assert process.stdout is not None
-        log = process.stdout.read().decode()
-        process.stdout.close()
-        assert KEY not in log  # nothing secret in logs
+        processes.stop(gateway.process, grace_s=15.0)
+        assert KEY not in gateway.process.log.read_text()  # nothing secret in logs
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer wrong", "Basic abc", f"Token {KEY}"])
-def test_requests_without_a_valid_key_get_401(guarded_gateway: str, auth: str | None) -> None:
+def test_requests_without_a_valid_key_get_401(lab: Lab, guarded_gateway: str,
+                                              auth: str | None) -> None:
+    rid = f"no-key-{uuid.uuid4().hex[:8]}"
     headers = {"Authorization": auth} if auth else {}
-    response = httpx.post(f"{guarded_gateway}/v1/chat/completions", headers=headers,
+    response = httpx.post(f"{guarded_gateway}/v1/chat/completions",
+                          headers={**headers, "X-Request-Id": rid},
                           json=chat_body("hi", answer_tokens=1), timeout=5)
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
     assert response.json()["error"]["code"] == "invalid_api_key"
+    assert not lab.engine_stats(rid).generations, "refused, yet the engine started"
 
 
 def test_a_valid_key_is_served_and_probes_stay_open(guarded_gateway: str) -> None:
