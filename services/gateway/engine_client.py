@@ -44,7 +44,13 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
 
 
 class EngineStream:
-    """An accepted Generate call: iterate it for responses, cancel it when done."""
+    """An accepted Generate call: iterate it for responses, cancel it when done.
+
+    Iterating yields token responses and then the finish, and stops there. Every
+    way the call can end without a finish raises EngineError instead: the
+    engine's own error event, a stream that just ends (truncated), a gRPC
+    failure, a deadline. Consumers handle tokens, the finish and EngineError;
+    nothing else can arrive."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str,
                  idle_timeout_s: float, max_duration_s: float) -> None:
@@ -74,8 +80,14 @@ class EngineStream:
                                       f"engine sent nothing for {self._idle_timeout_s:g} s"
                                       ) from None
                 if response is grpc.aio.EOF:
-                    return
+                    raise EngineError(502, "truncated",
+                                      "engine stream ended without a finish event")
+                if response.HasField("error"):
+                    raise EngineError(502, response.error.code,
+                                      f"engine: {response.error.message}")
                 yield response
+                if response.HasField("finish"):
+                    return
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
         except asyncio.CancelledError:

@@ -172,13 +172,7 @@ class JobStore:
                     job.finish_reason = FINISH_REASONS.get(response.finish.reason, "stop")
                     job.done = True
                     return
-                elif kind == "error":
-                    job.error = {"code": response.error.code, "message": response.error.message}
-                    job.done = True
-                    return
                 job.notify()
-            job.error = {"code": "truncated", "message": "engine stream ended without a finish"}
-            job.done = True
         except EngineError as exc:
             job.error = exc.body()["error"]
             job.done = True

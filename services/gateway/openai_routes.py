@@ -144,10 +144,6 @@ async def _events(
                 yield ServerSentEvent(data="[DONE]")
                 outcome = "completed"
                 return
-            elif kind == "error":
-                raise EngineError(502, response.error.code, f"engine: {response.error.message}")
-        # The engine closed the stream OK but never said it finished.
-        raise EngineError(502, "truncated", "engine stream ended without a finish event")
     except EngineError as exc:
         # After the first byte the status is sent; the error becomes an event.
         # Unnamed, with an OpenAI-style body: OpenAI SDKs raise on it. No [DONE]
@@ -183,6 +179,5 @@ async def _collect(stream: EngineStream, model: str) -> dict[str, object]:
                 parts.append(response.token.text)
             elif kind == "finish":
                 return completion(stream.request_id, model, "".join(parts), response.finish)
-            elif kind == "error":
-                raise EngineError(502, response.error.code, f"engine: {response.error.message}")
+    # Unreachable: EngineStream ends with a finish or raises (for the type checker).
     raise EngineError(502, "truncated", "engine stream ended without a finish event")

@@ -15,11 +15,11 @@ per request with `"streamlab": {"relay": "detached_unbounded"}` to see both.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Literal
 
 from services.gateway.engine_client import EngineStream
+from services.gateway.errors import EngineError
 from streamlab.api.engine.v1 import engine_pb2 as pb
 
 RelayMode = Literal["direct", "detached_unbounded"]
@@ -44,21 +44,28 @@ def direct(stream: EngineStream) -> Relay:
 
 
 def detached_unbounded(stream: EngineStream, background: set[asyncio.Task[None]]) -> Relay:
-    queue: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()  # unbounded: the bug
+    # Unbounded: the bug. An engine error travels as the queue's last item.
+    queue: asyncio.Queue[pb.GenerateResponse | EngineError] = asyncio.Queue()
 
     async def drain() -> None:
-        with contextlib.suppress(Exception):
+        try:
             async for response in stream:
                 queue.put_nowait(response)
-        queue.put_nowait(None)
+        except EngineError as exc:
+            queue.put_nowait(exc)
 
     task = asyncio.create_task(drain())
     background.add(task)  # keep a reference, or the loop may drop the task
     task.add_done_callback(background.discard)
 
     async def responses() -> AsyncIterator[pb.GenerateResponse]:
-        while (response := await queue.get()) is not None:
-            yield response
+        while True:
+            item = await queue.get()
+            if isinstance(item, EngineError):
+                raise item
+            yield item
+            if item.HasField("finish"):
+                return
 
     return Relay(responses(), stream, cancel_on_close=False)
 

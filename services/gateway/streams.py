@@ -180,13 +180,6 @@ class ResumableStream:
                         "finish_reason": FINISH_REASONS.get(finish.reason, "stop"),
                         "usage": usage_dict(finish.usage)})
                     return
-                elif kind == "error":
-                    self._end(State.FAILED, "error", {"error": {
-                        "code": response.error.code,
-                        "message": f"engine: {response.error.message}"}})
-                    return
-            self._end(State.FAILED, "error", {"error": {
-                "code": "truncated", "message": "engine stream ended without a finish event"}})
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self.cancel_reason = DRAINING

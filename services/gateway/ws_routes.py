@@ -160,10 +160,6 @@ async def _send_tokens(websocket: WebSocket, stream: EngineStream,
                 ensure_ascii=False, separators=(",", ":")))
         elif kind == "finish":
             await websocket.send_text("[DONE]")
-            return
-        elif kind == "error":
-            raise EngineError(502, response.error.code, f"engine: {response.error.message}")
-    raise EngineError(502, "truncated", "engine stream ended without a finish event")
 
 
 async def _until_disconnect(websocket: WebSocket) -> None:

@@ -78,20 +78,20 @@ class Floor:
                 f'"created":{int(time.time())},"model":"{request.model}","choices":'
                 '[{"index":0,"delta":').encode()
         writer.write(HEAD)
-        async with stream:
-            async for response in stream:
-                kind = response.WhichOneof("event")
-                if kind == "token":
-                    text = json.dumps(response.token.text, ensure_ascii=False).encode()
-                    writer.write(_chunk(head + b'{"content":' + text
-                                        + b'},"finish_reason":null}]}\n\n'))
-                    await writer.drain()
-                elif kind == "finish":
-                    writer.write(_chunk(head + b'{},"finish_reason":"stop"}]}\n\n'
-                                        + b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                    return
-                else:
-                    break
+        try:
+            async with stream:
+                async for response in stream:
+                    if response.HasField("token"):
+                        text = json.dumps(response.token.text, ensure_ascii=False).encode()
+                        writer.write(_chunk(head + b'{"content":' + text
+                                            + b'},"finish_reason":null}]}\n\n'))
+                        await writer.drain()
+                    else:  # the finish: EngineStream stops after it
+                        writer.write(_chunk(head + b'{},"finish_reason":"stop"}]}\n\n'
+                                            + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                        return
+        except GatewayError:
+            pass
         writer.write(_chunk(b'data: {"error":{"code":"engine_error"}}\n\n') + b"0\r\n\r\n")
 
 
