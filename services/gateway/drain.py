@@ -45,21 +45,19 @@ class Drain:
     async def run(self) -> None:
         """Drain, then return (the caller then shuts the server down)."""
         self.draining = True
-        deadline = time.monotonic() + self.grace_s
-        while self._streams and (left := deadline - time.monotonic()) > 0:
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                break
+        await self._until_empty(self.grace_s)
         for stream in list(self._streams):
             stream.cancel(DRAINING)
         # Give the bodies a moment to send their final event before uvicorn
         # starts closing connections.
-        end = time.monotonic() + 2.0
-        while self._streams and time.monotonic() < end:
+        await self._until_empty(2.0)
+
+    async def _until_empty(self, timeout_s: float) -> None:
+        """Return when no stream is tracked, or after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while self._streams and (left := deadline - time.monotonic()) > 0:
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), end - time.monotonic())
+                await asyncio.wait_for(self._changed.wait(), left)
             except TimeoutError:
                 break
