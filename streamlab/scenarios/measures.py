@@ -51,20 +51,22 @@ def hang_deadline_s(setup: Setup, timing: Timing) -> float:
     return 2 * expected + 10.0
 
 
-def _log_count(path: Path, *needles: str) -> int:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return 0
-    return sum(text.count(needle) for needle in needles)
+class LogTail:
+    """What a log file gains from now on: only the new bytes are read (the lab's
+    logs only grow, access lines included)."""
 
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._start = path.stat().st_size if path.exists() else 0
 
-def _nginx_timeouts(lab: Lab) -> int:
-    return _log_count(lab.run_dir / "nginx" / "error.log", "upstream timed out")
-
-
-def _gateway_errors(lab: Lab) -> int:
-    return _log_count(lab.run_dir / "logs" / "gateway.log", "ERROR", "Traceback")
+    def count(self, *needles: str) -> int:
+        try:
+            with self._path.open("rb") as log:
+                log.seek(self._start)
+                text = log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return 0
+        return sum(text.count(needle) for needle in needles)
 
 
 def _short(message: str, limit: int = 70) -> str:
@@ -75,7 +77,8 @@ async def sse_stream(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     """One streamed chat completion through the edge, timed per parsed event."""
     url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
     read_timeout = timing.watchdog_s if setup.watchdog else None
-    nginx_before, gateway_before = _nginx_timeouts(lab), _gateway_errors(lab)
+    nginx_log = LogTail(lab.run_dir / "nginx" / "error.log")
+    gateway_log = LogTail(lab.run_dir / "logs" / "gateway.log")
     started = time.perf_counter()
     result = None
     async with httpx.AsyncClient(timeout=httpx.Timeout(read_timeout,
@@ -114,8 +117,8 @@ async def sse_stream(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         pings=len(result.ping_times),
         bytes_down=result.bytes_down,
         stream_kb_per_s=result.bytes_down / 1024 / expected_total_s(setup, timing),
-        nginx_upstream_timeouts=_nginx_timeouts(lab) - nginx_before,
-        gateway_log_errors=_gateway_errors(lab) - gateway_before,
+        nginx_upstream_timeouts=nginx_log.count("upstream timed out"),
+        gateway_log_errors=gateway_log.count("ERROR", "Traceback"),
     )
     return figures
 
