@@ -4,7 +4,7 @@
     python scripts/gen_protos.py --check    # exit 1 if the committed code is stale
 
 The proto path mirrors the Python package (`-I protos`), so the generated
-modules import each other as `streamlab.api.engine.v1...` with no sys.path tricks.
+modules import each other as `streamlab_protocol.engine.v1...` with no sys.path tricks.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def generate(out: Path) -> list[Path]:
             raise SystemExit(f"protoc failed on {proto}")
     generated = sorted(p for p in out.rglob("*") if p.is_file())
     # Package markers so the generated tree imports as a normal package. The
-    # top-level package (`streamlab/`) holds hand-written code and owns its own.
+    # top-level package (`streamlab_protocol/`) holds hand-written code and owns its own.
     for directory in {p.parent for p in generated}:
         while directory.parent != out:
             (directory / "__init__.py").touch()

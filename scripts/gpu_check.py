@@ -44,8 +44,8 @@ import torch
 from services.engine.random_model import SIZES, build
 from services.engine.server import create_server
 from services.engine.settings import EngineSettings, HFSettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 PROMPT = "Write a long story about a café owner who counts tokens one by one."
 

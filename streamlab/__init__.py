@@ -1,4 +1,4 @@
-"""streamlab: the lab's shared definitions (topology, Toxiproxy client) and its CLI.
-
-`streamlab.api` holds the code generated from `protos/` (never edited by hand).
+"""streamlab: the lab tool. It brings the topology up, toggles faults, runs
+scenarios, soaks and benchmarks. The top layer: it may import the services and
+`streamlab_protocol`; nothing under `services/` imports it.
 """

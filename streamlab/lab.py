@@ -24,11 +24,11 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import nginx, processes
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
 from streamlab.processes import Running, ServiceSpec, StartError
 from streamlab.topology import REPO_ROOT, Ports, edge_url, hops
 from streamlab.toxiproxy import ProxySpec, Toxiproxy
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 ORDER = ("engine", "toxiproxy", "gateway", "nginx")
 PROBE_TIMEOUT_S = 1.0

@@ -21,7 +21,7 @@ import httpx
 
 from services.client.generation_end import wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 Stats = Callable[[str], pb.GetStatsResponse]
 POLL_S = 0.02

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 
 from services.client.measure import TransportRun
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 
 def generate_request(prompt: str, *, prefill_ms: int, token_gap_ms: int, answer_tokens: int,

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from services.client.sse import Comment, SSEDecoder
+from streamlab_protocol.sse import Comment, SSEDecoder
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import httpx
 
-from services.client.sse import Comment, SSEDecoder
+from streamlab_protocol.sse import Comment, SSEDecoder
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})
 DEFAULT_RETRY_MS = 3000  # what browsers use before a server says otherwise

@@ -22,8 +22,8 @@ from services.engine.backends.fake import FakeModel
 from services.engine.servicer import EngineServicer
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("streamlab.engine")
 

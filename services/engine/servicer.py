@@ -32,8 +32,8 @@ from services.engine.backends.base import (
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord, State
 from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 _STATE_TO_PB = {
     State.RUNNING: pb.GENERATION_STATE_RUNNING,

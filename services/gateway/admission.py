@@ -20,7 +20,7 @@ from services.gateway.limits import StreamLimiter, StreamSlot
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import Message, StreamlabOptions
 from services.gateway.settings import GatewaySettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
 def check_new_stream(state: Any, messages: list[Message],

@@ -16,8 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.errors import EngineError
 from services.gateway.settings import GatewaySettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 
 def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:

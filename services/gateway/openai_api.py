@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway.relay import RelayMode
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 MAX_DELAY_MS = 600_000
 UINT32_MAX = 2**32 - 1  # ten minutes: past that a "pause" is a hang, not a lab setting

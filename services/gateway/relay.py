@@ -20,7 +20,7 @@ from typing import Literal
 
 from services.gateway.engine_client import EngineStream
 from services.gateway.errors import EngineError
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 RelayMode = Literal["direct", "detached_unbounded"]
 

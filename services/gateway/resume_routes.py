@@ -53,7 +53,7 @@ from services.gateway.replay_log import BadEventId, event_id, is_stream_id, pars
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import Attach, ResumableStream, StreamPolicy, StreamRegistry
 
-DEMO_PAGE = Path(__file__).resolve().parents[1] / "client" / "web" / "index.html"
+DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
 
 @asynccontextmanager

@@ -39,12 +39,12 @@ from services.client.grpc_stream import generate_request, grpc_generate
 from services.client.measure import TransportRun, sse_chat
 from services.client.openai_stream import chat_body
 from streamlab import processes
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
 from streamlab.bench.probes import CpuMeter, cpu_ms
 from streamlab.bench.stats import percentile
 from streamlab.bench.transports import PROMPT, Targets, Timing
 from streamlab.lab import Lab
 from streamlab.processes import ServiceSpec
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 # The targets (see README, "Relay overhead").
 TARGET_TTFT_ADDED_MS = 3.0

@@ -28,8 +28,8 @@ import psutil
 from services.client.generation_end import state_name
 from services.client.openai_stream import chat_body
 from services.client.silent import open_silent_reader
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 RELAYS = ("direct", "detached_unbounded")
 SAMPLE_EVERY_S = 0.2

@@ -174,7 +174,7 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
                   parser="sse", read_pause_s=0.1),
             (Check("split_reads", ">=", 1), Check("merged_reads", ">=", 1),
              Check("events_exact", "==", True), Check("text_matches", "==", True)),
-            "services/client/sse.py: parses lines, not reads"),
+            "streamlab_protocol/sse.py: parses lines, not reads"),
         shown=("reads", "split_reads", "merged_reads", "events_sent", "events_parsed",
                "parse_errors", "events_exact", "text_matches"),
     ),

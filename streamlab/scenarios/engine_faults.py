@@ -38,11 +38,11 @@ import httpx
 
 from services.client.generation_end import state_name
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from streamlab.scenarios.lifecycle import record_when_done
 from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
 from streamlab.toxiproxy import Toxic
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 FAULT_AFTER = 3
 # 200 tokens: 10 s at the default gap, far past a loud fault's detection. A

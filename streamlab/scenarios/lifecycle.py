@@ -27,9 +27,9 @@ from services.client.generation_end import state_name, wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab import resume_scenario
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 LEAVE_AFTER = 3
 # The engine's default max_tokens limit: more than every buffer on the way holds

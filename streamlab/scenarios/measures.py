@@ -22,9 +22,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from services.client.openai_stream import chat_body, stream_chat
-from services.client.sse import Event, SSEDecoder
 from streamlab.lab import Lab
 from streamlab.scenarios.model import THINK_AFTER_TOKEN, Figures, Setup, Timing
+from streamlab_protocol.sse import Event, SSEDecoder
 
 CONNECT_TIMEOUT_S = 5.0
 # An SSE event ends at a blank line, whatever the line ending (the gateway uses CRLF).

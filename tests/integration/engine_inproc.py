@@ -10,8 +10,8 @@ import grpc
 
 from services.engine.server import create_server
 from services.engine.settings import EngineSettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
-from streamlab.api.engine.v1 import engine_pb2_grpc as pb_grpc
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 
 @asynccontextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from services.client.generation_end import Stats, wait_for_end
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
 def wait_for_generation_end(lab: Lab, request_id: str, timeout_s: float = 5.0

@@ -1,7 +1,7 @@
 """A real browser resumes on its own: chromium's native EventSource, through the
 edge, while Toxiproxy takes the edge down in the middle of the stream.
 
-The demo page (services/client/web/index.html, served at /demo) appends every
+The demo page (services/gateway/static/demo.html, served at /demo) appends every
 token as it arrives with no de-duplication, so a replay that repeats or skips
 anything shows in its text. Nothing here tells the browser to reconnect or
 what to send: EventSource does it itself, with the `retry:` and the ids the

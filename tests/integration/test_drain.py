@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from streamlab.processes import alive
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_DRAIN_GRACE_S
 from tests.integration.engine_probe import wait_for_generation_end
 

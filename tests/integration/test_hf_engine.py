@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from services.engine.settings import EngineSettings, HFSettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_inproc import poll, record, running_engine, stats
 from tests.integration.hf_fixtures import LONG_ANSWER
 

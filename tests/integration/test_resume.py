@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
-from services.client.sse import Comment, SSEDecoder
 from services.engine.backends.fake import token_text
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
 from streamlab.toxiproxy import Toxic, Toxiproxy
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.sse import Comment, SSEDecoder
 from tests.integration.conftest import TEST_HEARTBEAT_S
 from tests.integration.engine_probe import wait_for_generation_end
 from tests.integration.wire import capture, header_length, offset_after

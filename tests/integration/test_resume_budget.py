@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from services.client.resume_stream import create_stream, follow_stream
-from services.client.sse import Comment, SSEDecoder
 from streamlab.lab import Lab, LabOptions
+from streamlab_protocol.sse import Comment, SSEDecoder
 from tests.integration.conftest import free_lab_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

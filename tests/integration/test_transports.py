@@ -26,8 +26,8 @@ from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from services.gateway.settings import GatewaySettings
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

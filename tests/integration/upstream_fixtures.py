@@ -22,10 +22,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import processes
-from streamlab.api.engine.v1 import engine_pb2 as pb
 from streamlab.lab import Lab, LabOptions, engine_stats
 from streamlab.processes import Running, ServiceSpec
 from streamlab.topology import REPO_ROOT
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports, free_ports
 
 # The inner engine's limit is below the outer one's: a request between the two

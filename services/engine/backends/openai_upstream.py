@@ -43,7 +43,6 @@ from typing import Any
 
 import httpx
 
-from services.client.sse import Comment, SSEDecoder
 from services.engine.backends.base import (
     ACCEPTED,
     Accepted,
@@ -55,6 +54,7 @@ from services.engine.backends.base import (
     TokenTracker,
 )
 from services.engine.settings import OpenAIUpstreamSettings
+from streamlab_protocol.sse import Comment, SSEDecoder
 
 _STATUS_FOR_HTTP: dict[int, ErrorStatus] = {
     400: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter
-from streamlab.api.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
 def test_streamlab_extra_body_shapes_the_engine_request() -> None:

@@ -6,11 +6,16 @@ The engine's wire contract: one server-streaming call per generation.
 The gateway is the only production caller; tests and `streamlab bench` call
 it directly as the latency floor. Regenerate the Python code with
 `make protos` (never edit the generated files by hand).
+
+The file's path mirrors the Python package it generates
+(`streamlab_protocol.engine.v1`, which services, clients and the lab all
+import); the protobuf package keeps its original name so the wire names
+(`/streamlab.api.engine.v1.EngineService/Generate`) stay stable.
 """
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from streamlab.api.engine.v1 import engine_pb2 as _engine_pb2
+from streamlab_protocol.engine.v1 import engine_pb2 as _engine_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from streamlab.api.engine.v1 import engine_pb2 as streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2
+from streamlab_protocol.engine.v1 import engine_pb2 as streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in streamlab/api/engine/v1/engine_pb2_grpc.py depends on'
+        + ' but the generated code in streamlab_protocol/engine/v1/engine_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class EngineServiceStub:
         """
         self.Generate = channel.unary_stream(
                 '/streamlab.api.engine.v1.EngineService/Generate',
-                request_serializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+                request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/streamlab.api.engine.v1.EngineService/GetStats',
-                request_serializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
-                response_deserializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
+                request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
 
 
@@ -70,13 +70,13 @@ def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
-                    response_serializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
+                    response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.FromString,
-                    response_serializer=streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.SerializeToString,
+                    request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.FromString,
+                    response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -104,8 +104,8 @@ class EngineService:
             request,
             target,
             '/streamlab.api.engine.v1.EngineService/Generate',
-            streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
-            streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -131,8 +131,8 @@ class EngineService:
             request,
             target,
             '/streamlab.api.engine.v1.EngineService/GetStats',
-            streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
-            streamlab_dot_api_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.client.sse import Comment, Event, SSEDecoder, encode
+from streamlab_protocol.sse import Comment, Event, SSEDecoder, encode
 
 
 def parse(*chunks: bytes) -> list[Event | Comment]:
