@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -51,15 +52,15 @@ class BackendUnavailable(RuntimeError):
     """The configured backend cannot start (missing extra, bad model path or URL)."""
 
 
-def make_backend(settings: EngineSettings) -> Backend:
+def make_backend(settings: EngineSettings) -> Backend[Any]:
     """Blocking (a real model loads for seconds to minutes): call it off the loop."""
     if settings.backend == "fake":
-        return FakeModel()
+        return FakeModel(settings.fake)
     if settings.backend == "openai":
         from services.engine.backends.openai_upstream import OpenAIUpstream
 
         try:
-            return OpenAIUpstream(settings.openai)
+            return OpenAIUpstream(settings.openai, settings.fake)
         except ValueError as exc:
             raise BackendUnavailable(str(exc)) from exc
     if settings.backend == "hf":
@@ -79,7 +80,7 @@ def make_backend(settings: EngineSettings) -> Backend:
 
 class Engine:
     def __init__(self, server: grpc.aio.Server, health: HealthServicer, port: int,
-                 backend: Backend | None = None) -> None:
+                 backend: Backend[Any] | None = None) -> None:
         self.server = server
         self.health = health
         self.port = port
@@ -92,7 +93,9 @@ class Engine:
             await self._owned_backend.aclose()
 
 
-async def create_server(settings: EngineSettings, backend: Backend | None = None) -> Engine:
+async def create_server(
+    settings: EngineSettings, backend: Backend[Any] | None = None
+) -> Engine:
     owned = None
     if backend is None:
         # Off the loop: loading a model blocks for as long as it takes.

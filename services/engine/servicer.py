@@ -15,6 +15,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Any
 
 import grpc
 
@@ -24,10 +25,9 @@ from services.engine.backends.base import (
     Backend,
     BackendError,
     ChatMessage,
-    FakeTiming,
     GenerationInput,
     GenerationSummary,
-    ThinkPause,
+    InvalidRequest,
 )
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord, State
@@ -43,12 +43,9 @@ _STATE_TO_PB = {
 }
 
 
-class InvalidRequest(ValueError):
-    pass
-
-
 def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -> GenerationInput:
-    """Validate a wire request and fill in defaults; InvalidRequest names the bad field."""
+    """Validate a wire request and fill in defaults; InvalidRequest names the bad field.
+    Fields only one backend reads (the fake model's timing) are its `options()`."""
     if not request.prompt and not request.messages:
         raise InvalidRequest("one of `prompt` or `messages` is required")
     if request.max_tokens > settings.max_tokens_limit:
@@ -60,33 +57,18 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
                              f"got {len(request.stop)}")
     if any(not s or len(s) > MAX_STOP_CHARS for s in request.stop):
         raise InvalidRequest(f"stop: each sequence must be 1-{MAX_STOP_CHARS} characters")
-    defaults = settings.fake
-    timing = request.timing if request.HasField("timing") else pb.FakeModelTiming()
-    fake = FakeTiming(
-        prefill_ms=timing.prefill_ms if timing.HasField("prefill_ms") else defaults.prefill_ms,
-        token_gap_ms=(
-            timing.token_gap_ms if timing.HasField("token_gap_ms") else defaults.token_gap_ms
-        ),
-        answer_tokens=(
-            timing.answer_tokens if timing.HasField("answer_tokens") else defaults.answer_tokens
-        ),
-        pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in timing.pauses),
-    )
-    if fake.answer_tokens == 0:
-        raise InvalidRequest("timing.answer_tokens must be at least 1")
     return GenerationInput(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt=request.prompt,
         messages=tuple(ChatMessage(m.role, m.content) for m in request.messages),
         max_tokens=request.max_tokens or settings.max_tokens_limit,
-        timing=fake,
         stop=tuple(request.stop),
         requested_max_tokens=request.max_tokens,
     )
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
-    def __init__(self, backend: Backend, stats: EngineStats, settings: EngineSettings) -> None:
+    def __init__(self, backend: Backend[Any], stats: EngineStats, settings: EngineSettings) -> None:
         self._backend = backend
         self._stats = stats
         self._settings = settings
@@ -104,6 +86,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
             generation = to_generation_input(request, self._settings)
+            options = self._backend.options(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self._admission.full():
@@ -128,7 +111,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         try:
             # aclosing: the backend's own `finally` (freeing a KV cache, closing an
             # upstream HTTP stream) runs now on every exit, not when GC gets to it.
-            async with aclosing(self._backend.generate(generation, record)) as items:
+            async with aclosing(self._backend.generate(generation, options, record)) as items:
                 async for item in items:
                     if not accepted:
                         await context.send_initial_metadata(headers)
@@ -156,11 +139,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 # held-back text can leave as one chunk for several tokens, and a
                 # stop ends the loop before a backend's own summary arrives.
                 made = record.tokens_generated
+                by_length = (not stopped and
+                             self._backend.finished_by_length(generation, options, made))
                 summary = GenerationSummary(
                     prompt_tokens=_prompt_tokens(generation),
                     completion_tokens=made,
-                    finished_by_length=(not stopped
-                                        and self._backend.finished_by_length(generation, made)),
+                    finished_by_length=by_length,
                 )
             reason = (pb.FINISH_REASON_LENGTH if summary.finished_by_length
                       else pb.FINISH_REASON_STOP)

@@ -1,6 +1,9 @@
 """The interface every model backend implements.
 
 A backend turns one GenerationInput into an async stream of token texts. It
+may read knobs of its own from the wire request first (`Backend.options`: the
+fake model's timing is one); the servicer passes what it read back to
+`generate()` untouched, so the backend-neutral input carries none of them. It
 must stop at its next decode step when the consuming task is cancelled, and it
 calls `tracker.generated()` once per decode step, *before* the token leaves,
 so the engine counts work done at the model, not bytes that reached the wire
@@ -17,21 +20,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
+
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
-@dataclass(frozen=True)
-class ThinkPause:
-    after_token: int
-    pause_ms: int
-
-
-@dataclass(frozen=True)
-class FakeTiming:
-    prefill_ms: int
-    token_gap_ms: int
-    answer_tokens: int
-    pauses: tuple[ThinkPause, ...] = ()
+class InvalidRequest(ValueError):
+    """A wire request the engine refuses with INVALID_ARGUMENT; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,6 @@ class GenerationInput:
     prompt: str
     messages: tuple[ChatMessage, ...]
     max_tokens: int
-    timing: FakeTiming
     stop: tuple[str, ...] = field(default=())
     # What the client asked for; 0 when it set none (max_tokens then holds the
     # engine's limit). An upstream server is only sent a limit the client set.
@@ -81,7 +75,11 @@ class TokenTracker(Protocol):
     def generated(self) -> None: ...
 
 
-class Backend(Protocol):
+# What one backend reads for itself from a request (see `Backend.options`).
+OptionsT = TypeVar("OptionsT")
+
+
+class Backend(Protocol[OptionsT]):
     name: str
     # False: the engine tells its caller "accepted" (gRPC headers) before it calls
     # generate(), so a long prefill or a queue wait never looks like a dead engine.
@@ -93,14 +91,22 @@ class Backend(Protocol):
     # (services/engine/admission.py). None: as many as the engine allows.
     max_concurrency: int | None
 
+    def options(self, request: pb.GenerateRequest) -> OptionsT:
+        """This backend's own options for one request, from wire fields only it reads
+        (the fake model: its timing); raises InvalidRequest naming a bad field.
+        A backend with none returns None and ignores such fields."""
+        ...
+
     def generate(
-        self, request: GenerationInput, tracker: TokenTracker
+        self, request: GenerationInput, options: OptionsT, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
         """Yield token texts, optionally then one summary; stop by returning.
         The caller indexes the texts (and counts them when no summary comes)."""
         ...
 
-    def finished_by_length(self, request: GenerationInput, produced: int) -> bool:
+    def finished_by_length(
+        self, request: GenerationInput, options: OptionsT, produced: int
+    ) -> bool:
         """Whether a generation that produced `produced` tokens stopped at max_tokens."""
         ...
 

@@ -4,6 +4,10 @@ Timing follows the seed lesson: a prefill delay, then one token per gap, with
 optional think pauses ("after token k, stay silent p ms"). Each token is
 scheduled on an absolute timeline from the start of the call, so slow event
 loop turns do not accumulate drift into the measurements.
+
+The timing is this backend's own option: read from the request's
+`FakeModelTiming` (each unset field from STREAMLAB_FAKE_*) by `options()`, so
+the engine's backend-neutral GenerationInput carries none of it.
 """
 
 from __future__ import annotations
@@ -11,8 +15,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
-from services.engine.backends.base import BackendLoad, FakeTiming, GenerationInput, TokenTracker
+from services.engine.backends.base import (
+    BackendLoad,
+    GenerationInput,
+    InvalidRequest,
+    TokenTracker,
+)
+from services.engine.settings import FakeModelDefaults
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 # A fixed passage. Two words are multi-byte on purpose: cuts in the middle of a
 # UTF-8 character must not corrupt them, and tests can see if they do.
@@ -21,6 +33,38 @@ WORDS: tuple[str, ...] = (
     "naïve", "café", "owner", "counts", "tokens", "one", "by", "one", "—", "streaming",
     "them", "as", "soon", "as", "each", "is", "ready",
 )
+
+
+@dataclass(frozen=True)
+class ThinkPause:
+    after_token: int
+    pause_ms: int
+
+
+@dataclass(frozen=True)
+class FakeTiming:
+    prefill_ms: int
+    token_gap_ms: int
+    answer_tokens: int
+    pauses: tuple[ThinkPause, ...] = ()
+
+
+def read_timing(request: pb.GenerateRequest, defaults: FakeModelDefaults) -> FakeTiming:
+    """The request's timing, each field it leaves unset from the defaults."""
+    wire = request.timing if request.HasField("timing") else pb.FakeModelTiming()
+    timing = FakeTiming(
+        prefill_ms=wire.prefill_ms if wire.HasField("prefill_ms") else defaults.prefill_ms,
+        token_gap_ms=(
+            wire.token_gap_ms if wire.HasField("token_gap_ms") else defaults.token_gap_ms
+        ),
+        answer_tokens=(
+            wire.answer_tokens if wire.HasField("answer_tokens") else defaults.answer_tokens
+        ),
+        pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in wire.pauses),
+    )
+    if timing.answer_tokens == 0:
+        raise InvalidRequest("timing.answer_tokens must be at least 1")
+    return timing
 
 
 def token_text(index: int) -> str:
@@ -45,20 +89,23 @@ def schedule(timing: FakeTiming, count: int) -> list[float]:
     return offsets
 
 
-def answer_length(request: GenerationInput) -> int:
-    return min(request.timing.answer_tokens, request.max_tokens)
-
-
 class FakeModel:
     name = "fake"
     defers_acceptance = False
     max_concurrency: int | None = None
 
+    def __init__(self, defaults: FakeModelDefaults) -> None:
+        self._defaults = defaults
+
+    def options(self, request: pb.GenerateRequest) -> FakeTiming:
+        return read_timing(request, self._defaults)
+
     async def generate(
-        self, request: GenerationInput, tracker: TokenTracker
+        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
     ) -> AsyncGenerator[str, None]:
         start = time.monotonic()
-        for index, offset in enumerate(schedule(request.timing, answer_length(request))):
+        count = min(timing.answer_tokens, request.max_tokens)
+        for index, offset in enumerate(schedule(timing, count)):
             delay = start + offset - time.monotonic()
             # A cancel lands here (CancelledError out of sleep): the next decode
             # step never happens, so nothing is generated after the cancel.
@@ -66,8 +113,10 @@ class FakeModel:
             tracker.generated()
             yield token_text(index)
 
-    def finished_by_length(self, request: GenerationInput, produced: int) -> bool:
-        return request.timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
+    def finished_by_length(
+        self, request: GenerationInput, timing: FakeTiming, produced: int
+    ) -> bool:
+        return timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
 
     def load(self) -> BackendLoad:
         return BackendLoad()  # a clock, not a device

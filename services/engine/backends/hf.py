@@ -50,6 +50,7 @@ from services.engine.backends.base import (
 )
 from services.engine.backends.detokenize import IncrementalDetokenizer
 from services.engine.settings import HFSettings
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 log = logging.getLogger("streamlab.engine.hf")
 
@@ -288,12 +289,11 @@ class HFModel:
         log.info("hf backend: %s on %s (%s)", settings.model, self._loaded.device,
                  self._loaded.dtype)
 
-    @property
-    def loaded(self) -> LoadedModel:
-        return self._loaded
+    def options(self, request: pb.GenerateRequest) -> None:
+        return None  # a real model: the fake model's timing means nothing here
 
     async def generate(
-        self, request: GenerationInput, tracker: TokenTracker
+        self, request: GenerationInput, options: None, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
         loop = asyncio.get_running_loop()
         decode = _Decode(self._loaded, request, self._settings, tracker, self._generator)
@@ -310,7 +310,7 @@ class HFModel:
                                 completion_tokens=decode.produced,
                                 finished_by_length=decode.by_length)
 
-    def finished_by_length(self, request: GenerationInput, produced: int) -> bool:
+    def finished_by_length(self, request: GenerationInput, options: None, produced: int) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
 
     def load(self) -> BackendLoad:

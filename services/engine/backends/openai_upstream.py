@@ -53,7 +53,9 @@ from services.engine.backends.base import (
     GenerationSummary,
     TokenTracker,
 )
-from services.engine.settings import OpenAIUpstreamSettings
+from services.engine.backends.fake import FakeTiming, read_timing
+from services.engine.settings import FakeModelDefaults, OpenAIUpstreamSettings
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 _STATUS_FOR_HTTP: dict[int, ErrorStatus] = {
@@ -85,7 +87,9 @@ def http_error(status_code: int, body: bytes) -> BackendError:
                         status=status_for_http(status_code))
 
 
-def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings) -> dict[str, Any]:
+def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings,
+                 timing: FakeTiming | None = None) -> dict[str, Any]:
+    """The upstream's request body; `timing`, when given, goes as the `streamlab` field."""
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     if not messages:
         messages = [{"role": "user", "content": request.prompt}]
@@ -99,8 +103,7 @@ def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings) -> 
         # The upstream stops its own decoding (the GPU saving); the engine's
         # matcher still applies, so the text is cut the same either way.
         body["stop"] = list(request.stop)
-    if settings.forward_streamlab_timing:
-        timing = request.timing
+    if timing is not None:
         body["streamlab"] = {
             "prefill_ms": timing.prefill_ms, "token_gap_ms": timing.token_gap_ms,
             "answer_tokens": timing.answer_tokens,
@@ -140,11 +143,15 @@ class OpenAIUpstream:
     defers_acceptance = True
     max_concurrency: int | None = None  # the upstream schedules (vLLM batches)
 
-    def __init__(self, settings: OpenAIUpstreamSettings) -> None:
+    def __init__(self, settings: OpenAIUpstreamSettings,
+                 fake_defaults: FakeModelDefaults) -> None:
         if not settings.base_url:
             raise ValueError("the openai backend needs STREAMLAB_OPENAI_BASE_URL "
                              "(e.g. http://127.0.0.1:8000/v1), or `streamlab up --base-url`")
         self._settings = settings
+        # Only for forward_streamlab_timing: the timing forwarded is the request's,
+        # each unset field filled in as this engine's fake model would.
+        self._fake_defaults = fake_defaults
         self._url = settings.base_url.rstrip("/") + "/chat/completions"
         headers = {"Accept": "text/event-stream"}
         if settings.api_key is not None:
@@ -155,8 +162,14 @@ class OpenAIUpstream:
                                   pool=settings.connect_timeout_s),
         )
 
+    def options(self, request: pb.GenerateRequest) -> FakeTiming | None:
+        """The fake model's timing to forward (a chained streamlab lab), else None."""
+        if not self._settings.forward_streamlab_timing:
+            return None
+        return read_timing(request, self._fake_defaults)
+
     async def generate(
-        self, request: GenerationInput, tracker: TokenTracker
+        self, request: GenerationInput, timing: FakeTiming | None, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
         produced = 0
         finish: str | None = None
@@ -164,7 +177,7 @@ class OpenAIUpstream:
         done = False
         try:
             async with self._client.stream(
-                "POST", self._url, json=request_body(request, self._settings),
+                "POST", self._url, json=request_body(request, self._settings, timing),
                 headers={"X-Request-Id": request.request_id},
             ) as response:
                 if response.status_code != 200:
@@ -208,7 +221,9 @@ class OpenAIUpstream:
             finished_by_length=finish == "length",
         )
 
-    def finished_by_length(self, request: GenerationInput, produced: int) -> bool:
+    def finished_by_length(
+        self, request: GenerationInput, timing: FakeTiming | None, produced: int
+    ) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
 
     def load(self) -> BackendLoad:

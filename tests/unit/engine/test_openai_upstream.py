@@ -6,14 +6,17 @@ import json
 
 import pytest
 
-from services.engine.backends.base import ChatMessage, FakeTiming, GenerationInput, ThinkPause
+from services.engine.backends.base import ChatMessage, GenerationInput
+from services.engine.backends.fake import FakeTiming, ThinkPause
 from services.engine.backends.openai_upstream import (
+    OpenAIUpstream,
     http_error,
     parse_chunk,
     request_body,
     status_for_http,
 )
-from services.engine.settings import OpenAIUpstreamSettings
+from services.engine.settings import FakeModelDefaults, OpenAIUpstreamSettings
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 TIMING = FakeTiming(prefill_ms=10, token_gap_ms=5, answer_tokens=7,
                     pauses=(ThinkPause(after_token=2, pause_ms=100),))
@@ -22,7 +25,7 @@ TIMING = FakeTiming(prefill_ms=10, token_gap_ms=5, answer_tokens=7,
 def generation(**overrides: object) -> GenerationInput:
     fields: dict[str, object] = {
         "request_id": "r1", "prompt": "", "messages": (ChatMessage("user", "hi"),),
-        "max_tokens": 4096, "timing": TIMING,
+        "max_tokens": 4096,
     }
     fields.update(overrides)
     return GenerationInput(**fields)  # type: ignore[arg-type]
@@ -72,12 +75,29 @@ def test_a_raw_prompt_becomes_one_user_message() -> None:
     assert "model" not in body
 
 
-def test_fake_timing_is_forwarded_only_when_asked() -> None:
+def test_fake_timing_goes_as_the_streamlab_field() -> None:
     settings = OpenAIUpstreamSettings(base_url="http://x/v1", forward_streamlab_timing=True)
-    assert request_body(generation(), settings)["streamlab"] == {
+    assert request_body(generation(), settings, TIMING)["streamlab"] == {
         "prefill_ms": 10, "token_gap_ms": 5, "answer_tokens": 7,
         "pauses": [{"after_token": 2, "pause_ms": 100}],
     }
+
+
+@pytest.mark.anyio
+async def test_fake_timing_is_forwarded_only_when_asked() -> None:
+    request = pb.GenerateRequest(prompt="x", timing=pb.FakeModelTiming(
+        prefill_ms=10, answer_tokens=7, pauses=[pb.ThinkPause(after_token=2, pause_ms=100)]))
+    defaults = FakeModelDefaults(prefill_ms=300, token_gap_ms=5, answer_tokens=50)
+    plain = OpenAIUpstream(OpenAIUpstreamSettings(base_url="http://x/v1"), defaults)
+    forwarding = OpenAIUpstream(
+        OpenAIUpstreamSettings(base_url="http://x/v1", forward_streamlab_timing=True), defaults)
+    try:
+        assert plain.options(request) is None
+        # The request's fields, and this engine's fake defaults for those it left unset.
+        assert forwarding.options(request) == TIMING
+    finally:
+        await plain.aclose()
+        await forwarding.aclose()
 
 
 def test_chunks_map_to_text_finish_and_usage() -> None:
