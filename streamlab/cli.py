@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from streamlab.commands import bench, bench_cancel, compose, lab, resume, scenario, soak, toxic
+from streamlab.commands import bench, compose, lab, scenario, soak, toxic
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Lab lifecycle: up, down, status, chat (top-level commands).
 app.registered_commands.extend(lab.app.registered_commands)
 # Families of commands register here, one line each:
-app.registered_commands.extend(bench_cancel.app.registered_commands)
 app.registered_commands.extend(soak.app.registered_commands)
-app.add_typer(resume.app, name="resume")
 toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")

@@ -7,6 +7,8 @@ the local lab uses (lab.env, or STREAMLAB_*_PORT overrides), so everything
 that talks to a `Lab` through its URLs works unchanged. What differs is the
 lifecycle: services are stopped and started through the compose command, and
 this class never brings the project up or down (whoever ran `up` owns that).
+It is a LabTarget (target.py) without the `pids` and `logs` capabilities:
+its services' processes and logs live in containers.
 """
 
 from __future__ import annotations
@@ -14,17 +16,15 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import httpx
 from dotenv import dotenv_values
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab import processes
-from streamlab.lab import ORDER, Lab, LabOptions
-from streamlab.processes import StartError
+from streamlab.endpoints import ORDER, Endpoints
+from streamlab.lab import LabOptions
 from streamlab.topology import REPO_ROOT, Ports
 
 Target = Literal["local", "compose"]
@@ -81,14 +81,16 @@ def service_env_file(service: str) -> Path:
     return REPO_ROOT / name
 
 
-class ComposeLab(Lab):
+class ComposeLab(Endpoints):
     def __init__(self, ports: Ports, settings: ComposeSettings | None = None) -> None:
+        super().__init__(ports)
         # The services' settings, read from the env files compose gives them, so
         # scenarios size their bounds (keepalives, ...) as for a local lab.
-        super().__init__(ports, LabOptions(
+        self.options = LabOptions(
             run_dir=REPO_ROOT / ".run" / "compose",
             engine_env=read_env_file(service_env_file("engine")),
-            gateway_env=read_env_file(service_env_file("gateway"))))
+            gateway_env=read_env_file(service_env_file("gateway")))
+        self.run_dir = self.options.run_dir
         self.settings = settings or ComposeSettings()
 
     @classmethod
@@ -110,18 +112,11 @@ class ComposeLab(Lab):
     # ---- lifecycle: attach only ----------------------------------------------
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """The whole chain answers through every published port, within a deadline."""
-        for name, probe in self._probes().items():
+        for name, probe in self.probes().items():
             processes.wait_until(probe, timeout_s, f"compose service {name}",
                                  log_hint=self._log_hint)
-        processes.wait_until(self._chain_ready, timeout_s, "the chain (edge /readyz)",
+        processes.wait_until(self.chain_ready, timeout_s, "the chain (edge /readyz)",
                              log_hint=self._log_hint)
-
-    def up(self) -> None:
-        raise StartError("the compose lab is brought up by compose itself: "
-                         "`docker compose up --build -d` (see README)")
-
-    def down(self, grace_s: float = 10.0) -> None:
-        raise StartError("the compose lab is taken down by compose itself: `docker compose down`")
 
     def stop_service(self, name: str, grace_s: float = 10.0) -> None:
         self.compose("stop", "-t", f"{grace_s:.0f}", name)
@@ -133,38 +128,14 @@ class ComposeLab(Lab):
     def start_service(self, name: str) -> None:
         # `start` returns once the container runs; readiness is ours to wait for.
         self.compose("start", name)
-        processes.wait_until(self._probes()[name], READY_TIMEOUT_S, f"compose service {name}",
+        processes.wait_until(self.probes()[name], READY_TIMEOUT_S, f"compose service {name}",
                              log_hint=self._log_hint)
         # Like the local lab: the whole chain, so nginx drops stale upstream connections.
-        processes.wait_until(self._chain_ready, READY_TIMEOUT_S, "the chain (edge /readyz)",
+        processes.wait_until(self.chain_ready, READY_TIMEOUT_S, "the chain (edge /readyz)",
                              log_hint=self._log_hint)
-
-    def save_state(self) -> None:
-        """Compose keeps the state; there is nothing to write."""
-
-    def status(self) -> dict[str, dict[str, Any]]:
-        result = super().status()
-        for entry in result.values():
-            # No pids of ours: a service counts as running when it answers.
-            entry["running"] = entry["healthy"]
-        return result
-
-    def _probes(self) -> dict[str, Callable[[], bool]]:
-        return {
-            "engine": self.engine_healthy,
-            "toxiproxy": self._toxiproxy_ready,
-            "gateway": lambda: _http_ok(f"{self.gateway_url}/healthz"),
-            "nginx": lambda: _http_ok(f"{self.nginx_url}/nginx-health"),
-        }
-
-    def _chain_ready(self) -> bool:
-        return _http_ok(f"{self.edge_url}/readyz")
 
     def _log_hint(self) -> str:
         project = f" -p {self.settings.project}" if self.settings.project else ""
         return (f"is the compose project up? See `{self.settings.command}{project} ps` "
                 f"and `... logs` (services: {', '.join(ORDER)})")
 
-
-def _http_ok(url: str) -> bool:
-    return httpx.get(url, timeout=1.0).status_code == 200

@@ -14,24 +14,14 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import grpc
-import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import nginx, processes
+from streamlab.endpoints import ORDER, Endpoints
 from streamlab.processes import Running, ServiceSpec, StartError
-from streamlab.topology import REPO_ROOT, Ports, edge_url, hops
-from streamlab.toxiproxy import ProxySpec, Toxiproxy
-from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
-
-ORDER = ("engine", "toxiproxy", "gateway", "nginx")
-PROBE_TIMEOUT_S = 1.0
+from streamlab.topology import REPO_ROOT, Ports
 
 
 @dataclass
@@ -60,15 +50,6 @@ def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
     return found
 
 
-def engine_stats(target: str, request_id: str = "") -> pb.GetStatsResponse:
-    """An engine's counters (GetStats), all or one request's. A channel per call:
-    a cached one would sit in gRPC's reconnect backoff after an engine restart."""
-    with grpc.insecure_channel(target) as channel:
-        response: pb.GetStatsResponse = pb_grpc.EngineServiceStub(channel).GetStats(
-            pb.GetStatsRequest(request_id=request_id), timeout=5.0)
-    return response
-
-
 def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:
     """The settings a service started now gets, for state.json: the ones it
     inherits from this process's environment, then the lab's own overrides;
@@ -77,83 +58,63 @@ def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in merged.items() if "KEY" not in k and "SECRET" not in k}
 
 
-class Lab:
+class Lab(Endpoints):
+    """The local-process lab (a LabTarget, see target.py): this tool starts and
+    stops its services, so it knows their pids and log files."""
+
     def __init__(self, ports: Ports, options: LabOptions | None = None) -> None:
-        self.ports = ports
+        super().__init__(ports)
         self.options = options or LabOptions()
         self.run_dir = self.options.run_dir
         self.running: dict[str, Running] = {}
 
-    # ---- addresses -----------------------------------------------------------
     @property
-    def edge_url(self) -> str:
-        return edge_url(self.ports)
+    def pids(self) -> Mapping[str, int]:
+        return {name: running.pid for name, running in self.running.items()}
 
     @property
-    def nginx_url(self) -> str:
-        return f"http://{self.ports.host}:{self.ports.nginx_port}"
-
-    @property
-    def gateway_url(self) -> str:
-        return f"http://{self.ports.host}:{self.ports.gateway_port}"
-
-    @property
-    def toxiproxy_url(self) -> str:
-        return f"http://{self.ports.host}:{self.ports.toxiproxy_api_port}"
-
-    @property
-    def engine_target(self) -> str:
-        return f"{self.ports.host}:{self.ports.engine_port}"
-
-    def urls(self) -> dict[str, str]:
-        return {
-            "edge": self.edge_url,
-            "nginx": self.nginx_url,
-            "gateway": self.gateway_url,
-            "toxiproxy": self.toxiproxy_url,
-            "engine": f"grpc://{self.engine_target}",
-        }
+    def logs(self) -> Mapping[str, Path]:
+        logs = {name: running.log for name, running in self.running.items()}
+        # nginx's own error log (its stdout log holds nothing).
+        logs["nginx"] = self.run_dir / "nginx" / "error.log"
+        return logs
 
     # ---- services ------------------------------------------------------------
     def specs(self) -> dict[str, ServiceSpec]:
         p, host = self.ports, self.ports.host
+        probes = self.probes()
         nginx_dir = self.run_dir / "nginx"
         return {
             "engine": ServiceSpec(
                 "engine", [self.options.python, "-m", "services.engine"],
                 env={"STREAMLAB_ENGINE_HOST": host, "STREAMLAB_ENGINE_PORT": str(p.engine_port),
                      **self.options.engine_env},
-                ready=self.engine_healthy, ready_timeout_s=self.options.engine_ready_timeout_s,
+                ready=probes["engine"], ready_timeout_s=self.options.engine_ready_timeout_s,
                 cwd=REPO_ROOT,
             ),
             "toxiproxy": ServiceSpec(
                 "toxiproxy",
                 [find_toxiproxy(), "-host", host, "-port", str(p.toxiproxy_api_port),
                  "-config", str(self.run_dir / "toxiproxy.json"), "-proxy-metrics"],
-                ready=self._toxiproxy_ready,
+                ready=probes["toxiproxy"],
             ),
             "gateway": ServiceSpec(
                 "gateway", [self.options.python, "-m", "services.gateway"],
                 env={"STREAMLAB_GATEWAY_HOST": host,
                      "STREAMLAB_GATEWAY_PORT": str(p.gateway_port),
-                     "STREAMLAB_GATEWAY_ENGINE_TARGET": f"{host}:{p.engine_proxy_port}",
+                     "STREAMLAB_GATEWAY_ENGINE_TARGET": self.engine_hop,
                      # A lab: the scenarios' broken modes (off in the gateway itself).
                      "STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES": "true",
                      **self.options.gateway_env},
-                ready=lambda: _http_ok(f"{self.gateway_url}/healthz"), cwd=REPO_ROOT,
+                ready=probes["gateway"], cwd=REPO_ROOT,
             ),
             "nginx": ServiceSpec(
                 "nginx",
                 [nginx.find_nginx(), "-p", str(nginx_dir), "-e", str(nginx_dir / "error.log"),
                  "-c", str(nginx_dir / "nginx.conf")],
-                ready=lambda: _http_ok(f"{self.nginx_url}/nginx-health"),
+                ready=probes["nginx"],
             ),
         }
-
-    def proxy_specs(self) -> list[ProxySpec]:
-        host = self.ports.host
-        return [ProxySpec(h.name, f"{host}:{h.listen_port}", f"{host}:{h.upstream_port}")
-                for h in hops(self.ports)]
 
     def write_configs(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,10 +131,7 @@ class Lab:
         try:
             for name in ORDER:
                 self._start(specs[name])
-            # The whole chain, through every hop: edge → nginx → gateway → engine.
-            processes.wait_until(lambda: _http_ok(f"{self.edge_url}/readyz"), 15.0,
-                                 "the chain (edge /readyz)",
-                                 log_hint=lambda: f"see logs in {self.run_dir / 'logs'}")
+            self._wait_for_chain()
         except BaseException:
             self.down()
             raise
@@ -191,8 +149,10 @@ class Lab:
         flushes them)."""
         self._start(self.specs()[name])
         self.save_state()
-        processes.wait_until(lambda: _http_ok(f"{self.edge_url}/readyz"), 15.0,
-                             "the chain (edge /readyz)",
+        self._wait_for_chain()
+
+    def _wait_for_chain(self) -> None:
+        processes.wait_until(self.chain_ready, 15.0, "the chain (edge /readyz)",
                              log_hint=lambda: f"see logs in {self.run_dir / 'logs'}")
 
     def stop_service(self, name: str, grace_s: float = 10.0) -> None:
@@ -255,56 +215,6 @@ class Lab:
             lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))
         return lab
 
-    def status(self) -> dict[str, dict[str, Any]]:
-        probes: dict[str, Callable[[], bool]] = {
-            "engine": self.engine_healthy,
-            "toxiproxy": self._toxiproxy_ready,
-            "gateway": lambda: _http_ok(f"{self.gateway_url}/healthz"),
-            "nginx": lambda: _http_ok(f"{self.nginx_url}/nginx-health"),
-        }
-        ports = {"engine": self.ports.engine_port, "toxiproxy": self.ports.toxiproxy_api_port,
-                 "gateway": self.ports.gateway_port, "nginx": self.ports.nginx_port}
-        urls = self.urls()
-        result: dict[str, dict[str, Any]] = {}
-        for name in ORDER:
-            running = self.running.get(name)
-            try:
-                healthy = bool(probes[name]())
-            except Exception:
-                healthy = False
-            result[name] = {"url": urls[name], "port": ports[name],
-                            "pid": running.pid if running else None,
-                            "running": bool(running and processes.alive(running)),
-                            "healthy": healthy}
-        try:
-            chain = _http_ok(f"{self.edge_url}/readyz")
-        except Exception:
-            chain = False
-        result["edge"] = {"url": self.edge_url, "port": self.ports.edge_port, "pid": None,
-                          "running": chain, "healthy": chain}
-        return result
-
-    # ---- probes and handles ------------------------------------------------------
-    def engine_healthy(self) -> bool:
-        with grpc.insecure_channel(self.engine_target) as channel:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
-
-    def engine_stats(self, request_id: str = "") -> pb.GetStatsResponse:
-        """Counters read straight from the engine (not through any proxy)."""
-        return engine_stats(self.engine_target, request_id)
-
-    def toxiproxy(self) -> Toxiproxy:
-        return Toxiproxy(self.toxiproxy_url)
-
-    def _toxiproxy_ready(self) -> bool:
-        client = self.toxiproxy()
-        try:
-            return {s.name for s in self.proxy_specs()} <= set(client.proxies())
-        finally:
-            client.close()
-
-
-def _http_ok(url: str) -> bool:
-    return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+    def _running(self, name: str, healthy: bool) -> bool:
+        running = self.running.get(name)
+        return bool(running and processes.alive(running))

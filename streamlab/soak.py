@@ -10,6 +10,9 @@ or an SSE error event), `connection_error` (the connection itself was cut: no
 purpose). `hang` (past its deadline) and `corrupt` (a `[DONE]` stream whose
 text differs) are failures, as is any generation still running at the engine
 afterwards, or a gateway that does not give its memory back (RSS > 1.2x).
+
+It runs against any LabTarget that has the `pids` capability (the gateway's
+RSS is read by pid): a local-process lab. `streamlab soak` is its command.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import psutil
 
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
+from streamlab.target import LabTarget, pids_of
 from streamlab.topology import HOP_NAMES
-from streamlab.toxiproxy import Toxic, Toxiproxy
+from streamlab.toxiproxy import Toxic
 
 ANSWER_LENGTHS = (20, 60, 120)
 GAP_MS = 15
@@ -64,40 +69,29 @@ class SoakReport:
                 and self.gateway_rss_end_mb <= 1.2 * self.gateway_rss_start_mb)
 
 
-@dataclass
-class SoakTarget:
-    """What the soak needs from a lab, as plain callables (a local lab, compose…)."""
-
-    edge_host: str
-    edge_port: int
-    toxiproxy: Callable[[], Toxiproxy]
-    engine_active: Callable[[], int]
-    kill_engine: Callable[[], None]
-    start_engine: Callable[[], None]
-    gateway_rss: Callable[[], int]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.edge_host}:{self.edge_port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/v1/chat/completions"
+def gateway_rss(lab: LabTarget) -> int:
+    """The gateway process's resident memory, read by pid (the `pids` capability)."""
+    pid = pids_of(lab, "the soak reads the gateway's RSS")["gateway"]
+    return int(psutil.Process(pid).memory_info().rss)
 
 
-async def soak(target: SoakTarget, streams: int = 200, concurrency: int = 20,
+def _chat_url(lab: LabTarget) -> str:
+    return f"{lab.edge_url}/v1/chat/completions"
+
+
+async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
                duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
                progress: Callable[[], None] | None = None) -> SoakReport:
     rng = random.Random(seed)
     report = SoakReport()
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as http:
-        references = {n: await _reference(http, target.url, n) for n in ANSWER_LENGTHS}
-        report.gateway_rss_start_mb = target.gateway_rss() / 2**20
+        references = {n: await _reference(http, _chat_url(lab), n) for n in ANSWER_LENGTHS}
+        report.gateway_rss_start_mb = gateway_rss(lab) / 2**20
         stop = asyncio.Event()
         # The engine dies at evenly spread points of the run (by streams finished).
         kill_after = [streams * (k + 1) // (engine_kills + 1) for k in range(engine_kills)]
-        chaos = asyncio.create_task(_chaos(target, rng, stop, report, kill_after))
+        chaos = asyncio.create_task(_chaos(lab, rng, stop, report, kill_after))
         limit = asyncio.Semaphore(concurrency)
         deadline = started + duration_s
 
@@ -110,7 +104,7 @@ async def soak(target: SoakTarget, streams: int = 200, concurrency: int = 20,
                 answer = rng.choice(ANSWER_LENGTHS)
                 try:
                     outcome = await asyncio.wait_for(
-                        _stream(http, target, behaviour, answer, references[answer], rng), 30.0)
+                        _stream(http, lab, behaviour, answer, references[answer], rng), 30.0)
                 except TimeoutError:
                     outcome = "hang"
                 report.outcomes[outcome] += 1
@@ -122,8 +116,8 @@ async def soak(target: SoakTarget, streams: int = 200, concurrency: int = 20,
         finally:
             stop.set()
             await chaos
-    report.engine_left_running = await _settled(target.engine_active, 15.0)
-    report.gateway_rss_end_mb = await _rss_settled(target, report.gateway_rss_start_mb)
+    report.engine_left_running = await _settled(lambda: lab.engine_stats().generations_active, 15.0)
+    report.gateway_rss_end_mb = await _rss_settled(lab, report.gateway_rss_start_mb)
     report.duration_s = time.monotonic() - started
     return report
 
@@ -136,15 +130,15 @@ async def _reference(http: httpx.AsyncClient, url: str, answer: int) -> str:
     return result.text
 
 
-async def _stream(http: httpx.AsyncClient, target: SoakTarget, behaviour: str, answer: int,
+async def _stream(http: httpx.AsyncClient, lab: LabTarget, behaviour: str, answer: int,
                   reference: str, rng: random.Random) -> str:
     body = chat_body("soak", prefill_ms=5, token_gap_ms=GAP_MS, answer_tokens=answer)
     rid = f"soak-{uuid.uuid4().hex[:10]}"
     if behaviour == "resume":
-        return await _resume(http, target, body, reference)
+        return await _resume(http, lab, body, reference)
     if behaviour == "stall":
         # Never reads; leaves after a while (a tab in the background, then closed).
-        sock = await asyncio.to_thread(open_silent_reader, target.edge_host, target.edge_port,
+        sock = await asyncio.to_thread(open_silent_reader, lab.ports.host, lab.ports.edge_port,
                                        "/v1/chat/completions", body, {"X-Request-Id": rid})
         try:
             await asyncio.sleep(rng.uniform(0.2, 2.0))
@@ -153,7 +147,7 @@ async def _stream(http: httpx.AsyncClient, target: SoakTarget, behaviour: str, a
         return "abandoned"
     stop_after = rng.randint(1, answer - 1) if behaviour == "abandon" else None
     for attempt in range(4):
-        result = await stream_chat(http, target.url, body,
+        result = await stream_chat(http, _chat_url(lab), body,
                                    headers={"X-Request-Id": f"{rid}-{attempt}"},
                                    stop_after_tokens=stop_after)
         # A polite client: refused before the first byte with a Retry-After
@@ -170,13 +164,13 @@ async def _stream(http: httpx.AsyncClient, target: SoakTarget, behaviour: str, a
     return "connection_error"
 
 
-async def _resume(http: httpx.AsyncClient, target: SoakTarget, body: dict[str, object],
+async def _resume(http: httpx.AsyncClient, lab: LabTarget, body: dict[str, object],
                   reference: str) -> str:
     """The resume surface, as an EventSource would use it: reconnect with
     Last-Event-ID after every cut until a terminal event."""
     for _ in range(4):
         try:
-            created = await create_stream(http, target.base_url, body)
+            created = await create_stream(http, lab.edge_url, body)
             break
         except ResumeError as exc:
             if exc.status not in (429, 502, 503):
@@ -186,7 +180,7 @@ async def _resume(http: httpx.AsyncClient, target: SoakTarget, body: dict[str, o
             return "connection_error"
     else:
         return "error_event"
-    result = await follow_stream(http, target.base_url, created, max_connections=20,
+    result = await follow_stream(http, lab.edge_url, created, max_connections=20,
                                  default_retry_ms=200)
     if result.terminal == "done":
         whole = result.text == reference and result.indexes == list(range(len(result.tokens)))
@@ -198,16 +192,16 @@ async def _resume(http: httpx.AsyncClient, target: SoakTarget, body: dict[str, o
     return "connection_error"
 
 
-async def _chaos(target: SoakTarget, rng: random.Random, stop: asyncio.Event,
+async def _chaos(lab: LabTarget, rng: random.Random, stop: asyncio.Event,
                  report: SoakReport, kill_after: list[int]) -> None:
-    client = target.toxiproxy()
+    client = lab.toxiproxy()
     try:
         while not stop.is_set():
             if kill_after and report.outcomes.total() >= kill_after[0]:
                 kill_after.pop(0)
-                await asyncio.to_thread(target.kill_engine)
+                await asyncio.to_thread(lab.kill_service, "engine")
                 await _sleep_or_stop(stop, rng.uniform(0.2, 1.0))
-                await asyncio.to_thread(target.start_engine)
+                await asyncio.to_thread(lab.start_service, "engine")
                 report.engine_restarts += 1
                 continue
             hop = rng.choice(HOP_NAMES)
@@ -240,10 +234,10 @@ async def _settled(probe: Callable[[], int], timeout_s: float) -> int:
         await asyncio.sleep(0.1)
 
 
-async def _rss_settled(target: SoakTarget, start_mb: float) -> float:
+async def _rss_settled(lab: LabTarget, start_mb: float) -> float:
     end = time.monotonic() + 10.0
     while True:
-        rss = target.gateway_rss() / 2**20
+        rss = gateway_rss(lab) / 2**20
         if rss <= 1.2 * start_mb or time.monotonic() > end:
             return rss
         await asyncio.sleep(0.2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.client.measure import TransportRun
+from services.client.transport_run import TransportRun
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from services.client.transport_run import TransportRun
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 
@@ -144,3 +145,16 @@ def _error_body(raw: bytes) -> dict[str, Any]:
         error: dict[str, Any] = parsed["error"]
         return error
     return {"message": str(parsed)[:500], "code": "http_error"}
+
+
+async def sse_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                   headers: dict[str, str] | None = None) -> TransportRun:
+    """`stream_chat` in the terms every transport is measured in (transport_run.py)."""
+    result = await stream_chat(client, url, body, headers=headers)
+    run = TransportRun("sse", requests=1, done=result.done, total_s=result.total_s,
+                       payload_bytes_down=result.bytes_down)
+    for text, at in zip(result.texts, result.token_times, strict=True):
+        run.tokens([text], at)
+    if result.error is not None:
+        run.error = f"{result.error.get('code')}: {result.error.get('message')}"
+    return run

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from services.client.measure import TransportRun
+from services.client.transport_run import TransportRun
 
 
 async def _start(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],

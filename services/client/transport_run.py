@@ -7,6 +7,10 @@ latency is the gap between consecutive token arrivals as the client sees them
 the moment the client knows the answer is complete. Bytes here are what the
 client's library handed over (bodies, frames); the wire's count, headers and
 all, comes from Toxiproxy (streamlab/bench/probes.py).
+
+Each measuring client records its own stream in a TransportRun: grpc_stream,
+ws_stream, polling, and openai_stream's `sse_chat`. What a *scenario*
+measures through the whole lab is the lab tool's (streamlab/scenarios/measures.py).
 """
 
 from __future__ import annotations
@@ -14,11 +18,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
-
-from services.client.openai_stream import stream_chat
 
 
 @dataclass
@@ -62,15 +61,3 @@ class TransportRun:
     def inter_chunk_s(self) -> list[float]:
         return [b - a for a, b in itertools.pairwise(self.token_times)]
 
-
-async def sse_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                   headers: dict[str, str] | None = None) -> TransportRun:
-    """The SSE client (services/client/openai_stream.py) in these terms."""
-    result = await stream_chat(client, url, body, headers=headers)
-    run = TransportRun("sse", requests=1, done=result.done, total_s=result.total_s,
-                       payload_bytes_down=result.bytes_down)
-    for text, at in zip(result.texts, result.token_times, strict=True):
-        run.tokens([text], at)
-    if result.error is not None:
-        run.error = f"{result.error.get('code')}: {result.error.get('message')}"
-    return run

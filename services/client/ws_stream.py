@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import websockets
 from websockets.exceptions import WebSocketException
 
-from services.client.measure import TransportRun
+from services.client.transport_run import TransportRun
 
 
-async def ws_chat(url: str, prompt: str, *, timing: dict[str, Any] | None = None,
+async def ws_chat(url: str, prompt: str, *, timing: Mapping[str, object] | None = None,
                   max_tokens: int | None = None, idle_timeout_s: float = 30.0) -> TransportRun:
     """`url` is ws://host:port/ws. No message for idle_timeout_s is an error."""
     run = TransportRun("websocket")
     message: dict[str, Any] = {"prompt": prompt}
     if timing:
-        message["streamlab"] = timing
+        message["streamlab"] = dict(timing)
     if max_tokens is not None:
         message["max_tokens"] = max_tokens
     try:

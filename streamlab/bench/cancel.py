@@ -1,4 +1,4 @@
-"""Load generator for abandoned streams: open many, leave each after a few
+"""`streamlab bench cancel`'s load: open many streams, leave each after a few
 tokens, then ask the engine when it saw each cancel and what it wasted.
 
 Cancel latency is `engine cancelled_at - client left_at`, both CLOCK_MONOTONIC
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from services.client.generation_end import wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.generation_end import wait_for_end
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
@@ -42,6 +42,22 @@ class AbandonReport:
     @property
     def p50_ms(self) -> float:
         return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+
+    @property
+    def passed(self) -> bool:
+        """Every stream's cancel reached the engine, and nothing runs on."""
+        return self.still_running == 0 and self.cancelled == self.streams
+
+    def figures(self) -> dict[str, int | float]:
+        return {
+            "streams": self.streams, "cancelled": self.cancelled,
+            "still_running": self.still_running,
+            "cancel_latency_p50_ms": round(self.p50_ms, 1),
+            "cancel_latency_p99_ms": round(self.percentile(0.99), 1),
+            "cancel_latency_max_ms": round(max(self.latencies_ms, default=float("nan")), 1),
+            "tokens_after_cancel": self.tokens_after_cancel,
+            "tokens_after_client_left": self.tokens_after_leaving,
+        }
 
 
 async def abandon_streams(

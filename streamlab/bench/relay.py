@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,15 @@ import grpc
 import httpx
 
 from services.client.grpc_stream import generate_request, grpc_generate
-from services.client.measure import TransportRun, sse_chat
-from services.client.openai_stream import chat_body
+from services.client.openai_stream import chat_body, sse_chat
+from services.client.transport_run import TransportRun
 from streamlab import processes
 from streamlab.bench.probes import CpuMeter, cpu_ms
 from streamlab.bench.stats import percentile
-from streamlab.bench.transports import PROMPT, Targets, Timing
-from streamlab.lab import Lab
+from streamlab.bench.transports import PROMPT
 from streamlab.processes import ServiceSpec
+from streamlab.target import LabTarget, pid_or_none
+from streamlab.timing import Timing
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 # The issue's targets (see README, "Relay overhead").
@@ -96,7 +97,7 @@ class RelayReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "relay", "started_at": self.started_at, "machine": self.machine,
-                "timing": asdict(self.timing),
+                "timing": self.timing.fake_model(),
                 "cells": [{**asdict(c), "server_cpu_per_1k_tokens_ms": c.server_cpu_per_1k}
                           for c in self.cells],
                 "targets": self.targets}
@@ -133,20 +134,19 @@ def reference_servers(engine_hop: str, log_dir: Path) -> Iterator[dict[str, tupl
             processes.stop(running, grace_s=3.0)
 
 
-def lab_paths(lab: Lab, refs: dict[str, tuple[str, int]]
+def lab_paths(lab: LabTarget, refs: dict[str, tuple[str, int]]
               ) -> tuple[list[RelayPath], dict[str, int | None]]:
     """The six paths of the comparison, and the pid whose CPU each one charges."""
-    targets = Targets.of(lab)
     paths = [
         RelayPath("grpc", "grpc", lab.engine_target, "engine"),
-        RelayPath("grpc via hop", "grpc", targets.engine_hop, "engine"),
+        RelayPath("grpc via hop", "grpc", lab.engine_hop, "engine"),
         RelayPath("gateway", "sse", lab.gateway_url, "gateway"),
         RelayPath("via nginx", "sse", lab.nginx_url, "gateway"),
         RelayPath("full chain", "sse", lab.edge_url, "gateway"),
         RelayPath("floor", "sse", refs["floor"][0], "floor"),
         RelayPath("naive", "sse", refs["naive"][0], "naive"),
     ]
-    pids = {"gateway": targets.gateway_pid, "engine": targets.engine_pid,
+    pids = {"gateway": pid_or_none(lab, "gateway"), "engine": pid_or_none(lab, "engine"),
             "floor": refs["floor"][1], "naive": refs["naive"][1]}
     return paths, pids
 
@@ -157,7 +157,7 @@ def _healthy(url: str) -> Callable[[], bool]:
 
 async def _stream(path: RelayPath, timing: Timing, http: httpx.AsyncClient | None,
                   stub: pb_grpc.EngineServiceStub | None) -> TransportRun:
-    options = asdict(timing)
+    options = timing.fake_model()
     if path.kind == "grpc":
         assert stub is not None
         request = generate_request(PROMPT, request_id=f"relay-{uuid.uuid4().hex[:12]}",
@@ -193,14 +193,14 @@ async def _run_level(paths: list[RelayPath], timing: Timing, concurrency: int, r
             http = await stack.enter_async_context(httpx.AsyncClient(
                 timeout=httpx.Timeout(60.0, connect=10.0), limits=limits,
                 headers={"Accept-Encoding": "identity"}))
-            session = _Session(path, Cell(path.name, concurrency, 0, timing.token_gap_ms,
+            session = _Session(path, Cell(path.name, concurrency, 0, timing.gap_ms,
                                           server=path.server, server_cpu_ms=0.0,
                                           engine_cpu_ms=0.0), http)
             if path.kind == "grpc":
                 channel = await stack.enter_async_context(grpc.aio.insecure_channel(path.address))
                 session.stub = pb_grpc.EngineServiceStub(channel)
             # Warm connections: a stream's first request pays the TCP (and HTTP/2) set-up.
-            warm = Timing(timing.prefill_ms, 1, 2)
+            warm = replace(timing, gap_ms=1, tokens=2)
             await asyncio.gather(*(_stream(path, warm, http, session.stub)
                                    for _ in range(min(concurrency, 16))))
             sessions.append(session)
@@ -232,7 +232,7 @@ def _summarise(session: _Session, timing: Timing) -> Cell:
     cell, runs = session.cell, session.runs
     if cell.server == "engine":
         cell.server_cpu_ms = None
-    ok = [r for r in runs if r.done and len(r.texts) == timing.answer_tokens]
+    ok = [r for r in runs if r.done and len(r.texts) == timing.tokens]
     cell.completed = len(ok)
     cell.errors = sorted({r.error or "incomplete" for r in runs if r not in ok})
     cell.tokens = sum(len(r.texts) for r in runs)
@@ -272,7 +272,7 @@ def run_relay(
                                                on_cell))
     if load is not None:
         path, concurrency, gap_ms, tokens = load
-        load_timing = Timing(timing.prefill_ms, gap_ms, tokens)
+        load_timing = replace(timing, gap_ms=gap_ms, tokens=tokens)
         report.cells += asyncio.run(_run_level([path], load_timing, concurrency, 1, pids,
                                                lambda label: on_cell(f"{label} @ {gap_ms} ms")))
     report.targets = judge(report.cells, concurrencies, load)

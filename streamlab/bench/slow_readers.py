@@ -9,8 +9,9 @@ cut by the send timeout (direct), or run to the end into an unbounded queue
 (detached). Both relays run in one process, one after the other, so their
 ratio is measured on the same machine at the same time of day.
 
-Local labs only: the gateway's RSS is read by pid (a compose lab's gateway is
-in a container).
+Needs a lab with the `pids` capability (streamlab/target.py): the gateway's
+RSS is read by pid, so a local-process lab (a compose lab's gateway is in a
+container).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any
 
 import psutil
 
-from services.client.generation_end import state_name
 from services.client.openai_stream import chat_body
 from services.client.silent import open_silent_reader
-from streamlab.lab import Lab
+from streamlab.generation_end import state_name
+from streamlab.target import LabTarget, pids_of
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 RELAYS = ("direct", "detached_unbounded")
@@ -93,11 +94,11 @@ def _peek(sock: socket.socket) -> str:
         return f"(nothing: {exc})"
 
 
-def measure(lab: Lab, relay: str, clients: int, answer_tokens: int, timeout_s: float = 240.0,
+def measure(lab: LabTarget, relay: str, clients: int, answer_tokens: int, timeout_s: float = 240.0,
             on_sample: Callable[[ReadersRun], None] = lambda run: None) -> ReadersRun:
     """Open `clients` silent readers, sample until every generation has ended
     (or `timeout_s`), close them, and say what it cost."""
-    gateway = psutil.Process(lab.running["gateway"].pid)
+    gateway = psutil.Process(pids_of(lab, "slow readers weigh the gateway's RSS")["gateway"])
     run = ReadersRun(relay, clients, answer_tokens)
     run.base_rss_mb = run.peak_rss_mb = _mb(gateway)
     body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=answer_tokens,
@@ -142,7 +143,7 @@ def measure(lab: Lab, relay: str, clients: int, answer_tokens: int, timeout_s: f
     return run
 
 
-def compare(lab: Lab, clients: int, answer_tokens: int, timeout_s: float = 240.0,
+def compare(lab: LabTarget, clients: int, answer_tokens: int, timeout_s: float = 240.0,
             on_sample: Callable[[ReadersRun], None] = lambda run: None) -> dict[str, Any]:
     runs = [measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
             for relay in RELAYS]

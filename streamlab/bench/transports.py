@@ -26,51 +26,19 @@ from typing import Any
 import httpx
 
 from services.client.grpc_stream import generate_request, grpc_once
-from services.client.measure import TransportRun, sse_chat
-from services.client.openai_stream import chat_body
+from services.client.openai_stream import chat_body, sse_chat
 from services.client.polling import long_poll, short_poll
+from services.client.transport_run import TransportRun
 from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from streamlab.bench.probes import CpuMeter, WireMeter, cpu_ms
 from streamlab.bench.stats import summary
-from streamlab.lab import Lab
-from streamlab.toxiproxy import Toxiproxy
+from streamlab.target import LabTarget, pid_or_none
+from streamlab.timing import Timing
 
 PROMPT = "tell me about streaming"
-
-
-@dataclass(frozen=True)
-class Timing:
-    prefill_ms: int = 1
-    token_gap_ms: int = 50
-    answer_tokens: int = 50
-
-    def model_token_times_s(self) -> list[float]:
-        """When the fake model makes each token (services/engine/backends/fake.py)."""
-        return [(self.prefill_ms + (i + 1) * self.token_gap_ms) / 1000
-                for i in range(self.answer_tokens)]
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Where the bench finds the lab."""
-
-    edge_url: str
-    engine_hop: str  # host:port of Toxiproxy's engine proxy
-    toxiproxy_url: str
-    gateway_pid: int | None
-    engine_pid: int | None
-
-    @classmethod
-    def of(cls, lab: Lab) -> Targets:
-        def pid(name: str) -> int | None:
-            running = lab.running.get(name)
-            return running.pid if running else None
-
-        return cls(edge_url=lab.edge_url,
-                   engine_hop=f"{lab.ports.host}:{lab.ports.engine_proxy_port}",
-                   toxiproxy_url=lab.toxiproxy_url, gateway_pid=pid("gateway"),
-                   engine_pid=pid("engine"))
+# The seed's model pace: 50 tokens, 50 ms apart, first token after one gap.
+BENCH_TIMING = Timing(prefill_ms=1, gap_ms=50, tokens=50)
 
 
 @dataclass
@@ -137,7 +105,7 @@ class TransportsReport:
             "kind": "transports",
             "started_at": self.started_at,
             "machine": self.machine,
-            "timing": asdict(self.timing),
+            "timing": self.timing.fake_model(),
             "model_token_times_ms": [t * 1000 for t in self.timing.model_token_times_s()],
             "repetitions": self.repetitions,
             "gzip": self.gzip,
@@ -154,50 +122,52 @@ def transport_names(intervals_ms: list[int]) -> list[str]:
     return ["grpc", "sse", "websocket", "long poll", *(f"poll {i} ms" for i in intervals_ms)]
 
 
-async def _one(name: str, targets: Targets, timing: Timing, gzip: bool) -> TransportRun:
+async def _one(name: str, lab: LabTarget, timing: Timing, gzip: bool) -> TransportRun:
     """One run of one transport on fresh connections (their set-up counts).
 
     Without `gzip` the HTTP clients ask for `identity`: nginx here compresses
     event streams and JSON for clients that accept it, and the table compares
     protocols (the WebSocket runs without compression too, as in the seed)."""
-    options = asdict(timing)
+    options = timing.fake_model()
     # A long-poll read may be held up to the server's wait (30 s) plus a token gap.
     timeout = httpx.Timeout(60.0, connect=5.0)
     if name == "grpc":
         request = generate_request(PROMPT, request_id=f"bench-{uuid.uuid4().hex[:12]}",
                                    **options)
-        return await grpc_once(targets.engine_hop, request)
+        return await grpc_once(lab.engine_hop, request)
     if name == "websocket":
-        ws_url = targets.edge_url.replace("http://", "ws://", 1) + "/ws"
+        ws_url = lab.edge_url.replace("http://", "ws://", 1) + "/ws"
         return await ws_chat(ws_url, PROMPT, timing=options)
     body = chat_body(PROMPT, **options)
     headers = {} if gzip else {"Accept-Encoding": "identity"}
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
         if name == "sse":
-            return await sse_chat(client, f"{targets.edge_url}/v1/chat/completions", body)
+            return await sse_chat(client, f"{lab.edge_url}/v1/chat/completions", body)
         if name == "long poll":
-            return await long_poll(client, targets.edge_url, body)
+            return await long_poll(client, lab.edge_url, body)
         if name.startswith("poll "):
             interval_s = float(name.split()[1]) / 1000
-            return await short_poll(client, targets.edge_url, body, interval_s)
+            return await short_poll(client, lab.edge_url, body, interval_s)
     raise ValueError(f"unknown transport {name!r}")
 
 
-def measure(name: str, targets: Targets, timing: Timing, gzip: bool = False) -> Sample:
-    """Run one transport once, reading wire bytes and CPU around it."""
+def measure(name: str, lab: LabTarget, timing: Timing, gzip: bool = False) -> Sample:
+    """Run one transport once, reading wire bytes and CPU around it (CPU only
+    where the lab has the `pids` capability; None otherwise)."""
     proxy = "engine" if name == "grpc" else "edge"
-    toxiproxy = Toxiproxy(targets.toxiproxy_url)
+    toxiproxy = lab.toxiproxy()
     try:
         wire = WireMeter(toxiproxy, proxy)
-        gateway, engine = CpuMeter(targets.gateway_pid), CpuMeter(targets.engine_pid)
+        gateway = CpuMeter(pid_or_none(lab, "gateway"))
+        engine = CpuMeter(pid_or_none(lab, "engine"))
         wire_before = wire.settled()
         gw_before, en_before = gateway.read(), engine.read()
-        run = asyncio.run(_one(name, targets, timing, gzip))
+        run = asyncio.run(_one(name, lab, timing, gzip))
         gw_after, en_after = gateway.read(), engine.read()
         moved = wire.settled() - wire_before
     finally:
         toxiproxy.close()
-    expected = [token_text(i) for i in range(timing.answer_tokens)]
+    expected = [token_text(i) for i in range(timing.tokens)]
     return Sample(
         ttft_ms=None if run.ttft_s is None else run.ttft_s * 1000,
         total_ms=run.total_s * 1000,
@@ -215,7 +185,7 @@ def measure(name: str, targets: Targets, timing: Timing, gzip: bool = False) -> 
 
 
 def run_transports(
-    targets: Targets,
+    lab: LabTarget,
     timing: Timing,
     repetitions: int,
     intervals_ms: list[int],
@@ -239,11 +209,11 @@ def run_transports(
     # cold caches would otherwise land in repetition 1.
     for name in names:
         on_run(f"{name} (warm-up)", -1)
-        measure(name, targets, timing, gzip)
+        measure(name, lab, timing, gzip)
     for rep in range(repetitions):
         for name in names:
             on_run(name, rep)
-            results[name].samples.append(measure(name, targets, timing, gzip))
+            results[name].samples.append(measure(name, lab, timing, gzip))
     return report
 
 

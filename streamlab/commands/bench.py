@@ -1,8 +1,11 @@
-"""`streamlab bench`: measure the transports and the relay on a running lab."""
+"""`streamlab bench`: measure the transports, the relay, silent readers and
+cancellation on a running lab."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamlab.bench.tables import TRANSPORT_COLUMNS, markdown, transport_rows, transports_table
-from streamlab.bench.transports import Targets, Timing, run_transports, transport_names
+from streamlab.bench.transports import BENCH_TIMING, run_transports, transport_names
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
@@ -60,7 +63,7 @@ def transports(
     lab = attached(run_dir)
     intervals_ms = [int(x) for x in intervals.split(",") if x.strip()]
     names = transport_names(intervals_ms)
-    timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
+    timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
     with _progress() as progress:
         task = progress.add_task("warming up", total=len(names) * (repetitions + 1))
 
@@ -69,7 +72,7 @@ def transports(
             progress.update(task, description=label)
             progress.advance(task)
 
-        report = run_transports(Targets.of(lab), timing, repetitions, intervals_ms, gzip,
+        report = run_transports(lab, timing, repetitions, intervals_ms, gzip,
                                 on_run).as_json()
     if _plot_then_json(report, plot, "plot_transports", as_json):
         return
@@ -110,10 +113,9 @@ def relay(
     )
 
     lab = attached(run_dir)
-    targets = Targets.of(lab)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
-    timing = Timing(token_gap_ms=gap_ms, answer_tokens=tokens)
-    with reference_servers(targets.engine_hop, run_dir / "logs") as refs:
+    timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
+    with reference_servers(lab.engine_hop, run_dir / "logs") as refs:
         paths, pids = lab_paths(lab, refs)
         chain = next(p for p in paths if p.name == "full chain")
         if only:
@@ -161,7 +163,7 @@ def slow_readers(
     from streamlab.bench.slow_readers import ReadersRefused, ReadersRun, compare
 
     lab = attached(run_dir)
-    if "gateway" not in lab.running:
+    if lab.pids is None:
         err.print("[red]Reads the gateway's RSS by pid: local labs only.[/]")
         raise typer.Exit(1)
     with _progress() as progress:
@@ -191,3 +193,38 @@ def slow_readers(
     console.print(table)
     console.print(f"detached / direct: {report['growth_ratio']}x the memory, "
                   f"{report['tokens_ratio']}x the tokens")
+
+
+@app.command()
+def cancel(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    streams: Annotated[int, typer.Option(help="Abandoned streams to open.")] = 200,
+    concurrency: Annotated[int, typer.Option(help="Streams open at once.")] = 20,
+    gap_ms: Annotated[int, typer.Option(help="Fake model gap between tokens.")] = 20,
+    location: Annotated[str, typer.Option(help="nginx location to go through.")] = "/",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Open streams through the edge, leave each after 1-8 tokens, and report how
+    fast the engine saw each cancel (p50/p99) and how many tokens it wasted.
+    Exits 1 unless every stream was cancelled and none is left running."""
+    from rich.table import Table
+
+    from streamlab.bench.cancel import abandon_streams
+
+    lab = attached(run_dir)
+    url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
+    with _progress() as progress:
+        task = progress.add_task("abandoning streams", total=streams)
+        report = asyncio.run(abandon_streams(
+            url, lab.engine_stats, streams=streams, concurrency=concurrency, gap_ms=gap_ms,
+            progress=lambda: progress.advance(task)))
+    figures = report.figures()
+    if as_json:
+        print(json.dumps(figures, indent=2))
+    else:
+        table = Table("figure", "value", title=f"{streams} abandoned streams, gap {gap_ms} ms")
+        for key, value in figures.items():
+            table.add_row(key.replace("_", " "), str(value))
+        console.print(table)
+    if not report.passed:
+        raise typer.Exit(1)

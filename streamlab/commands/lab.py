@@ -18,6 +18,7 @@ from streamlab.compose import ComposeLab, selected_target
 from streamlab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab import Lab, LabOptions
 from streamlab.processes import StartError
+from streamlab.target import LabTarget
 from streamlab.topology import REPO_ROOT, Ports
 
 app = typer.Typer()
@@ -28,7 +29,7 @@ RunDir = Annotated[Path, typer.Option(help="Where logs, pids and rendered config
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 
 
-def attached(run_dir: Path) -> Lab:
+def attached(run_dir: Path) -> LabTarget:
     """The lab `streamlab up` started from run_dir, or a clear exit if there is none.
     With STREAMLAB_TARGET=compose: the compose project, through its published ports."""
     if selected_target() == "compose":
@@ -121,7 +122,7 @@ def status(
     _print_status(lab)
 
 
-def _print_status(lab: Lab) -> None:
+def _print_status(lab: LabTarget) -> None:
     table = Table("service", "address", "pid", "health")
     for name, entry in lab.status().items():
         health = "[green]healthy[/]" if entry["healthy"] else "[red]down[/]"
@@ -130,7 +131,7 @@ def _print_status(lab: Lab) -> None:
     _print_engine_load(lab)
 
 
-def _print_engine_load(lab: Lab) -> None:
+def _print_engine_load(lab: LabTarget) -> None:
     """The engine's model, slots and queue, from GetStats (silent if it does not answer)."""
     try:
         stats = lab.engine_stats()

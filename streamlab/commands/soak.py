@@ -7,31 +7,16 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import psutil
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from services.client.soak import SoakReport, SoakTarget, soak
 from streamlab.commands.lab import DEFAULT_RUN_DIR, attached
-from streamlab.lab import Lab
+from streamlab.soak import SoakReport, soak
 
 app = typer.Typer()
 console = Console()
-
-
-def target_for(lab: Lab) -> SoakTarget:
-    def gateway_rss() -> int:
-        return int(psutil.Process(lab.running["gateway"].pid).memory_info().rss)
-
-    return SoakTarget(
-        edge_host=lab.ports.host, edge_port=lab.ports.edge_port, toxiproxy=lab.toxiproxy,
-        engine_active=lambda: lab.engine_stats().generations_active,
-        kill_engine=lambda: lab.kill_service("engine"),
-        start_engine=lambda: lab.start_service("engine"),
-        gateway_rss=gateway_rss,
-    )
 
 
 def report_table(report: SoakReport) -> Table:
@@ -64,12 +49,15 @@ def soak_command(
     duplicated a token, no generation is left running, and the gateway's RSS is
     back within 1.2x of its start."""
     lab = attached(run_dir)
+    if lab.pids is None:
+        console.print("[red]The soak reads the gateway's RSS by pid: a local lab only "
+                      "(STREAMLAB_TARGET=local).[/]")
+        raise typer.Exit(1)
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("soaking", total=streams)
-        report = asyncio.run(soak(target_for(lab), streams=streams, concurrency=concurrency,
+        report = asyncio.run(soak(lab, streams=streams, concurrency=concurrency,
                                   duration_s=duration, engine_kills=engine_kills, seed=seed,
                                   progress=lambda: progress.advance(task)))
-    lab.save_state()  # the engine has a new pid
     if as_json:
         print(json.dumps({"outcomes": dict(report.outcomes), "passed": report.passed,
                           "toxics_applied": report.toxics_applied,

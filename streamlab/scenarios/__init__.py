@@ -1,14 +1,20 @@
 """Scenarios as data: each failure of a token stream, broken and fixed, measured.
 
-    model.py      Scenario, Variant, Setup, Check, Timing (the data types)
-    catalogue.py  CATALOGUE: the scenarios themselves
-    measures.py   the measure functions scenarios point at
-    runner.py     run(lab, scenario, mode, timing) -> Outcome, with a verdict
+    model.py         Scenario, Variant, Setup, Check (the data types)
+    catalogue.py     CATALOGUE: the scenarios themselves
+    measures.py      the measure functions of the proxy and client scenarios
+    lifecycle.py     scenarios (and their measures) of a stream's life after the client
+    resume.py        the resume scenario: a cut stream, read without and with resume
+    engine_faults.py scenarios of the gRPC hop failing mid-stream
+    runner.py        run(lab, scenario, mode, timing) -> Outcome, with a verdict
+
+The time constants are streamlab/timing.py's Timing; a lab is any LabTarget.
 """
 
 from streamlab.scenarios.catalogue import CATALOGUE
-from streamlab.scenarios.model import MODES, Check, Mode, Scenario, Setup, Timing, Variant
+from streamlab.scenarios.model import MODES, Check, Mode, Scenario, Setup, Variant
 from streamlab.scenarios.runner import Outcome, run, timing_for
+from streamlab.timing import Timing
 
 __all__ = ["CATALOGUE", "MODES", "Check", "Mode", "Outcome", "Scenario", "Setup", "Timing",
            "Variant", "run", "timing_for"]

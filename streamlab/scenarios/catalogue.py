@@ -7,7 +7,9 @@ from __future__ import annotations
 from streamlab.scenarios.engine_faults import ENGINE_FAULTS
 from streamlab.scenarios.lifecycle import LIFECYCLE
 from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_chat
-from streamlab.scenarios.model import Check, Scenario, Setup, Timing, Variant
+from streamlab.scenarios.model import Check, Scenario, Setup, Variant
+from streamlab.scenarios.resume import RESUME
+from streamlab.timing import Timing
 from streamlab.toxiproxy import Toxic
 
 # Above the tolerance, so shifted and unshifted TTFTs never overlap, and below
@@ -199,5 +201,6 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
         shown=("stream_kb_per_s", "ttft_s", "last_token_lag_s", "total_s", "tokens", "done"),
     ),
     *LIFECYCLE,
+    *RESUME,
     *ENGINE_FAULTS,
 )}

@@ -36,11 +36,12 @@ from collections.abc import Callable
 import anyio
 import httpx
 
-from services.client.generation_end import state_name
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
-from streamlab.lab import Lab
+from streamlab.generation_end import state_name
 from streamlab.scenarios.lifecycle import record_when_done
-from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
+from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.target import LabTarget
+from streamlab.timing import Timing
 from streamlab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -54,7 +55,7 @@ SILENT_FAULTS = {"timeout"}
 LOUD_FAULT_BOUND_S = 3.0
 
 # What each fault does to the engine hop, through the lab's Toxiproxy.
-FAULTS: dict[str, Callable[[Lab], None]] = {
+FAULTS: dict[str, Callable[[LabTarget], None]] = {
     "reset_peer": lambda lab: _add_toxic(lab, Toxic("reset_peer", {"timeout": 0})),
     "limit_data": lambda lab: _add_toxic(lab, Toxic("limit_data", {"bytes": 1})),
     "disabled": lambda lab: _set_enabled(lab, False),
@@ -65,18 +66,18 @@ FAULTS: dict[str, Callable[[Lab], None]] = {
 }
 
 
-def _add_toxic(lab: Lab, *toxics: Toxic) -> None:
+def _add_toxic(lab: LabTarget, *toxics: Toxic) -> None:
     with lab.toxiproxy() as toxiproxy:
         for toxic in toxics:
             toxiproxy.add_toxic("engine", toxic)
 
 
-def _set_enabled(lab: Lab, enabled: bool) -> None:
+def _set_enabled(lab: LabTarget, enabled: bool) -> None:
     with lab.toxiproxy() as toxiproxy:
         toxiproxy.set_enabled("engine", enabled)
 
 
-async def engine_fault(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """Stream a long answer through the edge; break the engine hop after the
     third token; time how the client's stream ends. (The runner resets
     Toxiproxy afterwards, which also re-enables a disabled proxy.)"""

@@ -1,17 +1,15 @@
 """Scenarios about a stream's life after the client: who stops the engine when
-the client leaves, what a reader that stops reading costs, and whether a cut
-connection can pick up where it fell off.
+the client leaves, and what a reader that stops reading costs.
 
     abandoned-tab  the client leaves after 3 tokens: does the engine stop?
     abandoned-prefill  the client leaves during a silent prefill: is the close
                    noticed before anything is written?
     slow-reader    the client stops reading: does the engine pause, or run on?
-    resume         the edge cuts the connection mid-stream: is anything lost?
     poll-leak      a polling client walks away: does its job ever end?
 
 Broken and fixed differ by one per-request knob (the gateway's relay mode, a
-polling job's TTL) or by the client (resuming or not), so they run against
-any lab that is up.
+polling job's TTL), so they run against any lab that is up. (A cut connection
+that picks up where it fell off is resume.py's.)
 """
 
 from __future__ import annotations
@@ -23,12 +21,12 @@ import uuid
 
 import httpx
 
-from services.client.generation_end import state_name, wait_for_end
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
-from streamlab import resume_scenario
-from streamlab.lab import Lab
-from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Timing, Variant
+from streamlab.generation_end import state_name, wait_for_end
+from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.target import LabTarget
+from streamlab.timing import Timing
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 LEAVE_AFTER = 3
@@ -45,11 +43,12 @@ def job_tokens(timing: Timing) -> int:
     return LEAVE_AFTER + max(20, math.ceil(outlast_s / timing.gap_s))
 
 
-async def record_when_done(lab: Lab, rid: str, timeout_s: float) -> pb.GenerationRecord | None:
+async def record_when_done(lab: LabTarget, rid: str, timeout_s: float
+                           ) -> pb.GenerationRecord | None:
     return await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, timeout_s)
 
 
-async def abandoned_tab(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     relay = str(setup.knobs.get("relay", "direct"))
     rid = f"scenario-abandon-{uuid.uuid4().hex[:8]}"
     body = chat_body("write an essay", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
@@ -77,7 +76,7 @@ SILENT_PREFILL_MS = 3000
 LEAVE_AT_S = 0.3
 
 
-async def abandoned_prefill(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def abandoned_prefill(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """Open a stream through `setup.location`, take the 200 and its headers, and
     close during the prefill: nothing has been written since the headers, so
     only a proxy that watches the client's socket can tell the gateway."""
@@ -102,7 +101,7 @@ async def abandoned_prefill(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     }
 
 
-async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def slow_reader(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """A client that sends its request and never reads, straight at the gateway
     (through the whole chain, every hop's socket buffers would hold megabytes first)."""
     relay = str(setup.knobs.get("relay", "direct"))
@@ -138,12 +137,7 @@ async def slow_reader(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     }
 
 
-async def resume_cut(lab: Lab, setup: Setup, timing: Timing) -> Figures:
-    mode: resume_scenario.Mode = "fixed" if setup.knobs.get("resume") else "broken"
-    return await resume_scenario.measure(lab, mode, resume_scenario.ResumeTiming())
-
-
-async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def abandoned_job(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """Start a polling job through the edge, long-poll until a few tokens have
     come, then walk away, as a closed tab does: no request, no connection."""
     ttl_s = setup.knobs.get("job_ttl_s")
@@ -185,11 +179,6 @@ async def abandoned_job(lab: Lab, setup: Setup, timing: Timing) -> Figures:
                            if record and cancelled else None),
         "job_held_at_end": held,
     }
-
-
-def _resume_checks(mode: resume_scenario.Mode) -> tuple[Check, ...]:
-    return tuple(Check(c.figure, c.op, c.bound, c.why)  # type: ignore[arg-type]
-                 for c in resume_scenario.EXPECT[mode])
 
 
 LIFECYCLE: tuple[Scenario, ...] = (
@@ -252,17 +241,6 @@ LIFECYCLE: tuple[Scenario, ...] = (
              Check("engine_state", "==", "cancelled", "and cancelled when the client left")),
             "relay: direct (bounded read-ahead: 16 KiB gRPC window per stream)"),
         shown=("paused_by_flow_control", "paused_at_tokens", "tokens_generated", "engine_state"),
-    ),
-    Scenario(
-        name="resume",
-        summary="limit_data cuts the edge mid-event: a resuming client loses nothing",
-        measure=resume_cut,
-        broken=Variant(Setup(knobs={"resume": False}), _resume_checks("broken"),
-                       "a client that does not come back (no Last-Event-ID)"),
-        fixed=Variant(Setup(knobs={"resume": True}), _resume_checks("fixed"),
-                      "EventSource-like client: retry:, then Last-Event-ID, replay, live"),
-        shown=("cuts", "connections", "tokens", "missing", "duplicates", "text_equal",
-               "terminal"),
     ),
     Scenario(
         name="poll-leak",

@@ -22,8 +22,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.lab import Lab
-from streamlab.scenarios.model import THINK_AFTER_TOKEN, Figures, Setup, Timing
+from streamlab.scenarios.model import THINK_AFTER_TOKEN, Figures, Setup
+from streamlab.target import LabTarget
+from streamlab.timing import Timing
 from streamlab_protocol.sse import Event, SSEDecoder
 
 CONNECT_TIMEOUT_S = 5.0
@@ -59,6 +60,12 @@ class LogTail:
         self._path = path
         self._start = path.stat().st_size if path.exists() else 0
 
+    @classmethod
+    def of(cls, lab: LabTarget, service: str) -> LogTail | None:
+        """The service's log from now on; None when the lab has no `logs` capability."""
+        logs = lab.logs
+        return cls(logs[service]) if logs is not None and service in logs else None
+
     def count(self, *needles: str) -> int:
         try:
             with self._path.open("rb") as log:
@@ -73,12 +80,11 @@ def _short(message: str, limit: int = 70) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
-async def sse_stream(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """One streamed chat completion through the edge, timed per parsed event."""
     url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
     read_timeout = timing.watchdog_s if setup.watchdog else None
-    nginx_log = LogTail(lab.run_dir / "nginx" / "error.log")
-    gateway_log = LogTail(lab.run_dir / "logs" / "gateway.log")
+    nginx_log, gateway_log = LogTail.of(lab, "nginx"), LogTail.of(lab, "gateway")
     started = time.perf_counter()
     result = None
     async with httpx.AsyncClient(timeout=httpx.Timeout(read_timeout,
@@ -117,13 +123,14 @@ async def sse_stream(lab: Lab, setup: Setup, timing: Timing) -> Figures:
         pings=len(result.ping_times),
         bytes_down=result.bytes_down,
         stream_kb_per_s=result.bytes_down / 1024 / expected_total_s(setup, timing),
-        nginx_upstream_timeouts=nginx_log.count("upstream timed out"),
-        gateway_log_errors=gateway_log.count("ERROR", "Traceback"),
+        # None without the `logs` capability: no check on them can pass unread.
+        nginx_upstream_timeouts=nginx_log.count("upstream timed out") if nginx_log else None,
+        gateway_log_errors=gateway_log.count("ERROR", "Traceback") if gateway_log else None,
     )
     return figures
 
 
-async def websocket_chat(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """The gateway's /ws through the edge and an nginx location: one prompt,
     one message per token, "[DONE]"."""
     url = (f"ws://{lab.ports.host}:{lab.ports.edge_port}"
@@ -156,7 +163,7 @@ async def websocket_chat(lab: Lab, setup: Setup, timing: Timing) -> Figures:
     return figures
 
 
-async def sliced_reads(lab: Lab, setup: Setup, timing: Timing) -> Figures:
+async def sliced_reads(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """The raw bytes of one stream, read off a socket as they come (HTTP/1.0,
     so the body is the SSE text itself, with no chunked framing), then parsed
     by the setup's parser. Shows how events and reads line up."""

@@ -20,51 +20,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from streamlab.timing import Timing
 from streamlab.toxiproxy import Toxic
 
 if TYPE_CHECKING:
-    from streamlab.lab import Lab
+    from streamlab.target import LabTarget
 
 Mode = Literal["broken", "fixed"]
 MODES: tuple[Mode, ...] = ("broken", "fixed")
 Figure = float | int | bool | str | None
 Figures = dict[str, Figure]
-
-
-@dataclass(frozen=True)
-class Timing:
-    """The scaled-down time constants (the seed's 2 s stands in for 60 s)."""
-
-    prefill_ms: int = 300
-    gap_ms: int = 50
-    tokens: int = 20
-    idle_timeout_s: float = 2.0  # nginx /short-timeout/ proxy_read_timeout (the lab's own)
-    think_s: float = 4.0  # a think pause longer than the idle timeout
-    heartbeat_s: float = 0.5  # `: ping` interval when a scenario turns pings on
-    watchdog_s: float = 1.0  # the client's read timeout when it has a watchdog
-    tolerance_s: float = 0.4  # slack for a shared, busy machine
-    # How long each end's gRPC keepalive takes to call a silent engine hop dead:
-    # ping interval + ping timeout. The gateway finds a dead engine (defaults
-    # 10 + 5 s); the engine finds a dead gateway and cancels its calls (20 + 5 s).
-    engine_dead_after_s: float = 15.0
-    gateway_dead_after_s: float = 25.0
-
-    @property
-    def prefill_s(self) -> float:
-        return self.prefill_ms / 1000
-
-    @property
-    def gap_s(self) -> float:
-        return self.gap_ms / 1000
-
-    @property
-    def model_ttft_s(self) -> float:
-        """When the fake model emits its first token: prefill, then one gap."""
-        return self.prefill_s + self.gap_s
-
-    @property
-    def model_total_s(self) -> float:
-        return self.prefill_s + self.tokens * self.gap_s
 
 
 Op = Literal["<", "<=", ">", ">=", "==", "!="]
@@ -135,7 +100,7 @@ class Variant:
     story: str
 
 
-Measure = Callable[["Lab", Setup, Timing], Awaitable[Figures]]
+Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures]]
 
 
 @dataclass(frozen=True)

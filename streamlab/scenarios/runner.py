@@ -15,8 +15,9 @@ from typing import Any
 
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
-from streamlab.lab import Lab
-from streamlab.scenarios.model import MODES, Check, Figure, Figures, Mode, Scenario, Timing
+from streamlab.scenarios.model import MODES, Check, Figure, Figures, Mode, Scenario
+from streamlab.target import LabTarget
+from streamlab.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Outcome:
         }
 
 
-def timing_for(lab: Lab, **overrides: Any) -> Timing:
+def timing_for(lab: LabTarget, **overrides: Any) -> Timing:
     """The default timing, with the idle timeout the lab's nginx really has and a
     think pause twice as long, and the gateway's keepalive as the lab sets it
     (unless overridden)."""
@@ -91,7 +92,7 @@ def judge(checks: tuple[Check, ...], figures: Mapping[str, Figure], timing: Timi
     return [CheckResult(c, c.describe(timing), c.holds(figures, timing)) for c in checks]
 
 
-async def run(lab: Lab, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
+async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
     variant = scenario.variant(mode)
     other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
     with lab.toxiproxy() as toxiproxy:

@@ -23,6 +23,7 @@ from streamlab import processes
 from streamlab.compose import ComposeLab, selected_target
 from streamlab.lab import Lab, LabOptions
 from streamlab.processes import ServiceSpec
+from streamlab.target import LabTarget
 from streamlab.topology import REPO_ROOT, Ports
 from streamlab.toxiproxy import Toxic, Toxiproxy
 
@@ -98,7 +99,7 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
 
 
 @pytest.fixture(scope="session")
-def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+def lab(request: pytest.FixtureRequest) -> Iterator[LabTarget]:
     if selected_target() == "compose":
         # STREAMLAB_TARGET=compose: attach to the compose project through its
         # published ports (scripts/compose_test.sh brings it up with this
@@ -119,7 +120,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
 def _reset_toxics(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "lab" in request.fixturenames:
-        lab: Lab = request.getfixturevalue("lab")
+        lab: LabTarget = request.getfixturevalue("lab")
         client = lab.toxiproxy()
         try:
             client.reset()

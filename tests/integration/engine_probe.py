@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.client.generation_end import Stats, wait_for_end
+from streamlab.generation_end import Stats, wait_for_end
 from streamlab.lab import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from streamlab.lab import Lab
+from streamlab.target import LabTarget
 
 pytestmark = pytest.mark.integration
 
 
-def test_bench_cancel_reports_every_abandoned_stream_cancelled(lab: Lab) -> None:
+def test_bench_cancel_reports_every_abandoned_stream_cancelled(lab: LabTarget) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "streamlab.cli", "bench-cancel", "--run-dir", str(lab.run_dir),
+        [sys.executable, "-m", "streamlab.cli", "bench", "cancel", "--run-dir", str(lab.run_dir),
          "--streams", "20", "--concurrency", "5", "--json"],
         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr

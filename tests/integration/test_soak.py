@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from services.client.soak import soak
-from streamlab.commands.soak import target_for
-from streamlab.lab import Lab
+from streamlab.soak import soak
+from streamlab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
-async def test_small_chaos_soak_loses_nothing_and_leaks_nothing(lab: Lab) -> None:
-    if "gateway" not in lab.running:
+async def test_small_chaos_soak_loses_nothing_and_leaks_nothing(lab: LabTarget) -> None:
+    if lab.pids is None:
         pytest.skip("measures the gateway process's RSS from the host by pid; the compose "
                     "lab's gateway runs in a container (STREAMLAB_TARGET=compose)")
-    report = await soak(target_for(lab), streams=60, concurrency=12, duration_s=60,
+    report = await soak(lab, streams=60, concurrency=12, duration_s=60,
                         engine_kills=1, seed=11)
     print(dict(report.outcomes), report)
     assert report.outcomes["hang"] == 0

@@ -20,9 +20,9 @@ import pytest
 import websockets
 
 from services.client.grpc_stream import generate_request, grpc_once
-from services.client.measure import TransportRun, sse_chat
-from services.client.openai_stream import chat_body
+from services.client.openai_stream import chat_body, sse_chat
 from services.client.polling import long_poll, short_poll
+from services.client.transport_run import TransportRun
 from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from services.gateway.settings import GatewaySettings

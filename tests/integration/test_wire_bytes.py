@@ -17,8 +17,7 @@ import anyio
 import httpx
 import pytest
 
-from services.client.measure import sse_chat
-from services.client.openai_stream import chat_body
+from services.client.openai_stream import chat_body, sse_chat
 from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
 from streamlab.bench.probes import WireBytes, WireMeter

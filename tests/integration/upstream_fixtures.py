@@ -22,7 +22,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import processes
-from streamlab.lab import Lab, LabOptions, engine_stats
+from streamlab.endpoints import engine_stats
+from streamlab.lab import Lab, LabOptions
 from streamlab.processes import Running, ServiceSpec
 from streamlab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
