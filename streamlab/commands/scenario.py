@@ -1,6 +1,7 @@
 """`streamlab scenario list|run`: reproduce a failure, broken and fixed, with a verdict.
 
     streamlab scenario list
+    streamlab scenario list --json                # the catalogue as data
     streamlab scenario run idle-cut --both        # exit 0 only if every verdict is as expected
     streamlab scenario run all --json             # every scenario, machine-readable
 """
@@ -32,10 +33,17 @@ err = Console(stderr=True)
 
 
 @app.command("list")
-def list_scenarios() -> None:
+def list_scenarios(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The whole catalogue as data: setups and checks per mode (bounds at "
+                       "the default timing).")] = False,
+) -> None:
     """Every scenario, and what its broken and fixed setups are."""
-    from streamlab.scenarios import CATALOGUE
+    from streamlab.scenarios import CATALOGUE, Timing
 
+    if as_json:
+        print(json.dumps([s.as_json(Timing()) for s in CATALOGUE.values()], indent=2))
+        return
     table = Table("scenario", "what it shows", "broken", "fixed")
     for scenario in CATALOGUE.values():
         table.add_row(scenario.name, scenario.summary, scenario.broken.story,

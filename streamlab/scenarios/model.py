@@ -15,6 +15,7 @@ records what it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,12 @@ class Check:
         shown = f"{limit:.3g}" if isinstance(limit, float) else repr(limit)
         return f"{self.figure} {self.op} {shown}"
 
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        """The check as data; a bound that follows the timing shows its value at `timing`."""
+        return {"figure": self.figure, "op": self.op, "bound": self.limit(timing),
+                "bound_follows_timing": callable(self.bound), "check": self.describe(timing),
+                "why": self.why}
+
     def holds(self, figures: Mapping[str, Figure], timing: Timing) -> bool:
         if self.figure not in figures:
             return False
@@ -89,6 +96,11 @@ class Setup:
     parser: Literal["sse", "naive"] = "sse"  # naive: one event per read (the classic bug)
     read_pause_s: float = 0.0  # a slow consumer: pause between reads
 
+    def as_json(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "knobs": dict(self.knobs),
+                "toxics": [{"hop": hop, **toxic.as_json()} for hop, toxic in self.toxics]}
+
 
 THINK_AFTER_TOKEN = 2
 
@@ -98,6 +110,10 @@ class Variant:
     setup: Setup
     expect: tuple[Check, ...]
     story: str
+
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        return {"story": self.story, "setup": self.setup.as_json(),
+                "expect": [check.as_json(timing) for check in self.expect]}
 
 
 Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures]]
@@ -114,3 +130,9 @@ class Scenario:
 
     def variant(self, mode: Mode) -> Variant:
         return self.broken if mode == "broken" else self.fixed
+
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        """What the catalogue holds for this scenario (`streamlab scenario list --json`)."""
+        return {"name": self.name, "summary": self.summary, "measure": self.measure.__name__,
+                "shown": list(self.shown),
+                "modes": {mode: self.variant(mode).as_json(timing) for mode in MODES}}
