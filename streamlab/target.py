@@ -49,16 +49,24 @@ class LabTarget(Protocol):
 
     # ---- addresses --------------------------------------------------------------
     @property
-    def edge_url(self) -> str: ...
+    def edge_url(self) -> str:
+        """Where clients connect: the whole chain, every hop's toxics on the way."""
+        ...
 
     @property
-    def nginx_url(self) -> str: ...
+    def nginx_url(self) -> str:
+        """nginx itself, past the edge hop."""
+        ...
 
     @property
-    def gateway_url(self) -> str: ...
+    def gateway_url(self) -> str:
+        """The gateway itself, past nginx and both HTTP hops."""
+        ...
 
     @property
-    def toxiproxy_url(self) -> str: ...
+    def toxiproxy_url(self) -> str:
+        """Toxiproxy's API (toxics, hops on and off, wire byte counters)."""
+        ...
 
     @property
     def engine_target(self) -> str:
