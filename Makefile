@@ -25,8 +25,11 @@ protos:
 check-protos:
 	$(BIN)/python scripts/gen_protos.py --check
 
+# ruff, then the import contract ([tool.importlinter] in pyproject.toml: the
+# lab tool above the services above the protocol, the services apart).
 lint:
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck:
 	$(BIN)/mypy

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the lab needs, skipping what is already there:
-#   - .venv/ with the project and its dev tools (Python packages from PyPI)
+#   - .venv/ with the project, the lab tool's and the plots' extras and the dev
+#     tools: pip install -e '.[dev,lab,plot]' (Python packages from PyPI)
 #   - nginx from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
@@ -23,16 +24,16 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  say "creating .venv and installing the project (pip install -e '.[dev]')"
+  say "creating .venv and installing the project (pip install -e '.[dev,lab,plot]')"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,lab,plot]'
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && [ ! -f "$stamp.hf" ]; then
   say "installing the hf extra (torch + transformers, several GB: takes minutes)"
   started=$SECONDS
-  .venv/bin/python -m pip install -q -e '.[dev,hf]'
+  .venv/bin/python -m pip install -q -e '.[dev,lab,plot,hf]'
   touch "$stamp.hf"
   say "hf extra installed in $((SECONDS - started)) s"
 fi

@@ -1,0 +1,61 @@
+"""The import contract ([tool.importlinter] in pyproject.toml) holds, and would
+catch a crossing: a copy of the three packages with a service module that
+imports the lab tool fails `lint-imports`, naming the import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("streamlab", "services", "streamlab_protocol")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def copy_project(into: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, into / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", into / "pyproject.toml")
+    return into
+
+
+def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
+    # The copy first on the path, ahead of the editable install of the real tree.
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return copy_project(tmp_path)
+
+
+def test_the_tree_as_it_is_keeps_the_contract(project: Path) -> None:
+    result = lint_imports(project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_a_service_importing_the_lab_tool_breaks_the_layers(project: Path) -> None:
+    (project / "services" / "engine" / "crossing.py").write_text(
+        "from streamlab import cli  # the lab tool, from a service\n")
+    result = lint_imports(project)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "The lab tool above the services above the protocol BROKEN" in result.stdout
+    assert "services.engine.crossing -> streamlab.cli" in result.stdout
+
+
+def test_the_gateway_importing_the_engine_breaks_their_independence(project: Path) -> None:
+    (project / "services" / "gateway" / "crossing.py").write_text(
+        "from services.engine import settings  # another service's module\n")
+    result = lint_imports(project)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Engine, gateway and clients import none of each other BROKEN" in result.stdout
+    assert "services.gateway.crossing -> services.engine.settings" in result.stdout
