@@ -13,15 +13,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.auth import BearerAuth
-from services.gateway.drain import Drain
-from services.gateway.engine_client import EngineClient
+from services.gateway.engine_client import Engine, EngineClient
 from services.gateway.errors import GatewayError
-from services.gateway.limits import BodySizeLimit, StreamLimiter
-from services.gateway.metrics import GatewayMetrics
+from services.gateway.limits import BodySizeLimit
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.polling_routes import router as polling_router
 from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
+from services.gateway.state import GatewayState
 from services.gateway.ws_routes import router as ws_router
 
 
@@ -39,23 +38,29 @@ def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
                       "code": "invalid_request"}}
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastAPI:
+    """The gateway's app. `engine`: a client a test hands in (it is not closed
+    here); None opens the gRPC client to `settings.engine_target` for the
+    app's lifetime."""
+    gateway = GatewayState(settings, engine)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.engine = EngineClient(settings)
+        owns_engine = not gateway.has_engine
+        if owns_engine:
+            gateway.engine = EngineClient(settings)
+        gateway.jobs.open()
         try:
             yield
         finally:
-            await app.state.engine.close()
+            # Shutdown: what still runs is cancelled at the engine, then the channel closes.
+            await gateway.jobs.close()
+            await gateway.streams.close()
+            if owns_engine:
+                await gateway.engine.close()
 
     app = FastAPI(title="streamlab gateway", lifespan=lifespan)
-    app.state.settings = settings
-    app.state.metrics = GatewayMetrics()
-    # Tasks that outlive their request (only the detached relay makes them).
-    app.state.background_tasks = set()
-    app.state.drain = Drain(settings.drain_grace_s)
-    app.state.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
-                                      settings.retry_after_s)
+    app.state.gateway = gateway
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: an unauthenticated request costs nothing.
     app.add_middleware(BearerAuth, keys=settings.api_keys)
@@ -82,23 +87,23 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        if app.state.drain.draining:
+        if gateway.drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         """Ready when the engine answers its health check through the engine hop."""
-        if app.state.drain.draining:
+        if gateway.drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        if await app.state.engine.healthy():
+        if await gateway.engine.healthy():
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "engine unavailable"}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(
-            generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+            generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
     return app

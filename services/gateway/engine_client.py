@@ -1,15 +1,22 @@
 """The gateway's side of the gRPC hop: one channel, one call per stream.
 
-Every call is owned by the request that opened it. `EngineStream.cancel()` is
-synchronous and idempotent so it can run in a `finally` that is itself being
-cancelled (the client-disconnect path), and it is what makes the engine stop.
+    Engine        what the gateway needs of an engine: open a call, health,
+                  close. `EngineClient` is the real one (gRPC over the engine
+                  hop); a test hands `create_app` a scripted one instead.
+    EngineCall    the part of a grpc.aio call that EngineStream reads
+    EngineStream  an accepted call: its events (tokens, then the finish) or
+                  one EngineError; `cancel()` is what makes the engine stop
+
+Every call is owned by one `EngineLease` (services/gateway/lease.py).
+`EngineStream.cancel()` is synchronous and idempotent so it can run in a
+`finally` that is itself being cancelled (the client-disconnect path).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from types import TracebackType
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,6 +25,27 @@ from services.gateway.errors import EngineError
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
+
+# What a stream yields: each token chunk, then the finish (nothing after it).
+EngineEvent = pb.TokenChunk | pb.Finish
+
+
+class EngineCall(Protocol):
+    """The part of a `grpc.aio.UnaryStreamCall` that EngineStream uses."""
+
+    async def read(self) -> object: ...  # a GenerateResponse, or grpc.aio.EOF
+
+    def cancel(self) -> bool: ...
+
+
+class Engine(Protocol):
+    async def open(self, request: pb.GenerateRequest) -> EngineStream:
+        """Start a generation; return once the engine accepted it, or raise EngineError."""
+        ...
+
+    async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
 
 
 def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
@@ -44,15 +72,15 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
 
 
 class EngineStream:
-    """An accepted Generate call: iterate it for responses, cancel it when done.
+    """An accepted Generate call: iterate it for events, cancel it when done.
 
-    Iterating yields token responses and then the finish, and stops there. Every
-    way the call can end without a finish raises EngineError instead: the
-    engine's own error event, a stream that just ends (truncated), a gRPC
+    Iterating yields each `TokenChunk` and then the `Finish`, and stops there.
+    Every way the call can end without a finish raises EngineError instead:
+    the engine's own error event, a stream that just ends (truncated), a gRPC
     failure, a deadline. Consumers handle tokens, the finish and EngineError;
     nothing else can arrive."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, request_id: str,
+    def __init__(self, call: EngineCall, request_id: str,
                  idle_timeout_s: float, max_duration_s: float) -> None:
         self._call = call
         self.request_id = request_id
@@ -60,7 +88,7 @@ class EngineStream:
         self._idle_timeout_s = idle_timeout_s
         self._max_duration_s = max_duration_s
 
-    async def __aiter__(self) -> AsyncIterator[pb.GenerateResponse]:
+    async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + self._max_duration_s
         try:
@@ -79,15 +107,16 @@ class EngineStream:
                     raise EngineError(504, "engine_idle_timeout",
                                       f"engine sent nothing for {self._idle_timeout_s:g} s"
                                       ) from None
-                if response is grpc.aio.EOF:
+                if not isinstance(response, pb.GenerateResponse):  # grpc.aio.EOF
                     raise EngineError(502, "truncated",
                                       "engine stream ended without a finish event")
                 if response.HasField("error"):
                     raise EngineError(502, response.error.code,
                                       f"engine: {response.error.message}")
-                yield response
                 if response.HasField("finish"):
+                    yield response.finish
                     return
+                yield response.token
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
         except asyncio.CancelledError:
@@ -106,17 +135,6 @@ class EngineStream:
             self._cancel_reason = reason
         self._call.cancel()
 
-    async def __aenter__(self) -> EngineStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cancel()
-
 
 class EngineClient:
     def __init__(self, settings: GatewaySettings) -> None:
@@ -127,6 +145,7 @@ class EngineClient:
         self._accept_timeout_s = settings.engine_accept_timeout_s
         self._idle_timeout_s = settings.engine_idle_timeout_s
         self._max_duration_s = settings.max_stream_duration_s
+        self._retry_after_s = settings.retry_after_s
 
     async def open(self, request: pb.GenerateRequest) -> EngineStream:
         """Start a generation and wait until the engine has accepted it.
@@ -144,7 +163,7 @@ class EngineClient:
                 f"engine did not accept the call within {self._accept_timeout_s:g} s",
             ) from exc
         except grpc.aio.AioRpcError as exc:
-            raise EngineError.from_rpc_error(exc) from exc
+            raise EngineError.from_rpc_error(exc, self._retry_after_s) from exc
         except BaseException:
             call.cancel()
             raise
@@ -152,7 +171,7 @@ class EngineClient:
             # The engine may fail a call with trailers only (e.g. INVALID_ARGUMENT).
             code = await call.code()
             if code != grpc.StatusCode.OK:
-                raise EngineError.from_status(code, await call.details())
+                raise EngineError.from_status(code, await call.details(), self._retry_after_s)
         request_id = dict(metadata or ()).get("x-request-id", request.request_id)
         return EngineStream(call, str(request_id), self._idle_timeout_s, self._max_duration_s)
 
@@ -164,15 +183,6 @@ class EngineClient:
         except grpc.aio.AioRpcError:
             return False
         return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
-
-    async def stats(self, request_id: str = "") -> pb.GetStatsResponse:
-        try:
-            response: pb.GetStatsResponse = await self._stub.GetStats(
-                pb.GetStatsRequest(request_id=request_id), timeout=self._accept_timeout_s
-            )
-            return response
-        except grpc.aio.AioRpcError as exc:
-            raise EngineError.from_rpc_error(exc) from exc
 
     async def close(self) -> None:
         await self._channel.close()

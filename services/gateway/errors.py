@@ -46,14 +46,17 @@ class BadRequest(GatewayError):
 
 class EngineError(GatewayError):
     @classmethod
-    def from_status(cls, status: grpc.StatusCode, details: str | None) -> EngineError:
+    def from_status(cls, status: grpc.StatusCode, details: str | None,
+                    retry_after_s: int = 1) -> EngineError:
+        """`retry_after_s`: the gateway's setting, sent with a 429 or 503 (it
+        only matters before the first byte, when the status is the answer)."""
         error = cls(
             _HTTP_STATUS.get(status, 502), status.name.lower(), f"engine: {details or status.name}"
         )
         if error.status_code in (429, 503):
-            error.headers["Retry-After"] = "1"
+            error.headers["Retry-After"] = str(retry_after_s)
         return error
 
     @classmethod
-    def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> EngineError:
-        return cls.from_status(exc.code(), exc.details())
+    def from_rpc_error(cls, exc: grpc.aio.AioRpcError, retry_after_s: int = 1) -> EngineError:
+        return cls.from_status(exc.code(), exc.details(), retry_after_s)

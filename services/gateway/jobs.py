@@ -4,8 +4,8 @@ Short and long polling need state between requests, so a job outlives the
 request that started it. Who owns what:
 
 - `JobStore` owns every job and the task that pumps its engine stream
-  (`_pump`); the task's done-callback cancels the gRPC call, so cancelling
-  the task is what stops the engine.
+  (`_pump`); the task's done-callback closes the job's `EngineLease`
+  (services/gateway/lease.py), so cancelling the task is what stops the engine.
 - A polling request only reads a job (and, for long polling, waits on its
   `news` event); it never owns the stream, so a poller that leaves mid-wait
   cancels nothing.
@@ -26,15 +26,17 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.gateway.engine_client import EngineStream
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+
+if TYPE_CHECKING:
+    from services.gateway.lease import EngineLease
 
 
 def job_ttl(default_s: float, requested_s: float | None) -> float:
@@ -107,20 +109,18 @@ class JobStore:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def start(self, stream: EngineStream, on_end: Callable[[], None] = lambda: None,
-              ttl_s: float | None = None) -> Job:
-        """Own `stream` from now on; `on_end` runs once its call is over. The job
-        expires `ttl_s` after its last poll (the store's TTL when None)."""
-        job = Job(id=uuid.uuid4().hex, request_id=stream.request_id,
+    def start(self, lease: EngineLease, ttl_s: float | None = None) -> Job:
+        """Own the open `lease` from now on (closed once the job's call is over).
+        The job expires `ttl_s` after its last poll (the store's TTL when None)."""
+        job = Job(id=uuid.uuid4().hex, request_id=lease.request_id,
                   ttl_s=self.ttl_s if ttl_s is None else ttl_s)
-        job.task = asyncio.create_task(self._pump(job, stream), name=f"job-{job.id}")
+        job.task = asyncio.create_task(self._pump(job, lease), name=f"job-{job.id}")
 
         def ended(_: asyncio.Task[None]) -> None:
             # A done-callback, not the pump's `finally`: a task cancelled before
             # its first step never enters the coroutine, and the call must still
             # be cancelled (a DELETE right after the POST).
-            stream.cancel()
-            on_end()
+            lease.close()
             job.notify()
 
         job.task.add_done_callback(ended)
@@ -162,22 +162,18 @@ class JobStore:
         job.notify()  # release long pollers: they see a job that will not grow
         self._metrics.held.set(len(self._jobs))
 
-    async def _pump(self, job: Job, stream: EngineStream) -> None:
+    async def _pump(self, job: Job, lease: EngineLease) -> None:
         try:
-            async for response in stream:
-                kind = response.WhichOneof("event")
-                if kind == "token":
-                    job.tokens.append(response.token.text)
-                elif kind == "finish":
-                    job.finish_reason = FINISH_REASONS.get(response.finish.reason, "stop")
+            async for event in lease.events():
+                if isinstance(event, pb.TokenChunk):
+                    job.tokens.append(event.text)
+                    job.notify()
+                else:
+                    job.finish_reason = FINISH_REASONS.get(event.reason, "stop")
                     job.done = True
-                    return
-                job.notify()
         except EngineError as exc:
             job.error = exc.body()["error"]
             job.done = True
-        finally:
-            stream.cancel()
 
     # ---- TTL ------------------------------------------------------------------
     def expire(self, now: float | None = None) -> list[Job]:

@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.gateway.relay import RelayMode
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 MAX_DELAY_MS = 600_000
@@ -50,9 +49,10 @@ class StreamlabOptions(BaseModel):
     answer_tokens: int | None = Field(None, ge=1, le=100_000)
     pauses: list[Pause] = Field(default_factory=list, max_length=1000)
     request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\w.:-]+$")
-    # How the gateway relays this stream (services/gateway/relay.py); the
-    # detached mode is the seed's anti-pattern, for broken-vs-fixed contrasts.
-    relay: RelayMode = "direct"
+    # How the gateway relays this stream: `direct` (the body reads the call, so
+    # flow control and cancellation reach the engine) or the broken
+    # `detached_unbounded` (services/gateway/broken_modes.py).
+    relay: Literal["direct", "detached_unbounded"] = "direct"
     # Floor of 50 ms: a smaller interval is a ping flood, not a heartbeat.
     heartbeat_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
     # What the OpenAI route does when the engine hop fails mid-stream: report
@@ -61,17 +61,6 @@ class StreamlabOptions(BaseModel):
     # Polling jobs only: this job's TTL. None: the gateway's; 0: never expires
     # (the leak). It may shorten the gateway's TTL; a longer one is cut to it.
     job_ttl_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
-
-    def broken_modes(self) -> list[str]:
-        """The knobs of this request that select a broken behaviour."""
-        modes = []
-        if self.relay != "direct":
-            modes.append(f"relay={self.relay}")
-        if self.engine_errors == "swallow":
-            modes.append("engine_errors=swallow")
-        if self.job_ttl_s == 0:
-            modes.append("job_ttl_s=0")
-        return modes
 
     def heartbeat_or(self, default_s: float) -> float:
         if self.heartbeat_s is None:

@@ -1,38 +1,33 @@
-"""`POST /v1/chat/completions`: the engine's stream as OpenAI-compatible SSE.
+"""`POST /v1/chat/completions`: the engine's stream as OpenAI-compatible SSE,
+or, with `stream: false`, one JSON completion.
 
-Who owns what (see ARCHITECTURE.md):
-- The request handler opens the gRPC call and waits until the engine accepts
-  it, so refusals become HTTP statuses before the first byte.
-- sse-starlette's EventSourceResponse then runs three tasks for the stream:
-  the body (our `_events` generator), a heartbeat that sends `: ping`, and a
-  listener for the client's `http.disconnect`. When the client leaves, the
-  listener cancels the task group, `_events` gets CancelledError at its
-  `await` on the gRPC stream, and its `finally` cancels the call: the engine
-  stops at its next decode step. No per-token `is_disconnected()` polling, and
-  a silent prefill notices the disconnect just as fast.
-
-Why sse-starlette rather than FastAPI's native EventSourceResponse: FastAPI's
-keep-alive interval is a private module constant (15 s), and the lab needs it
-per deployment (heartbeat scenarios use sub-second intervals).
+Who owns what (see ARCHITECTURE.md): the request's `EngineLease` owns the
+engine call. It is opened in the handler, which waits until the engine accepts
+the call, so refusals become HTTP statuses before the first byte. Streaming,
+the response's close hook closes the lease (services/gateway/sse_response.py:
+a client that leaves cancels the body, then the call). Not streaming, the
+handler collects the answer while it listens for the client leaving, as vLLM's
+`with_cancellation` does: a client that leaves cancels the collection, and
+the lease cancels the call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.types import Receive, Scope, Send
+from sse_starlette import ServerSentEvent
 
-from services.gateway.admission import check_new_stream, open_engine_stream
-from services.gateway.drain import DRAINING, Drain
-from services.gateway.engine_client import EngineStream
+from services.gateway.drain import DRAINING
+from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import BadRequest, EngineError
+from services.gateway.lease import EngineLease
 from services.gateway.limits import client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import (
@@ -41,12 +36,14 @@ from services.gateway.openai_api import (
     StreamlabOptions,
     completion,
 )
-from services.gateway.relay import Relay, open_relay
-from services.gateway.settings import GatewaySettings
+from services.gateway.sse_response import event_stream
+from services.gateway.state import GatewayDep
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 _REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
@@ -62,122 +59,87 @@ def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = request.app.state
-    settings: GatewaySettings = state.settings
-    metrics: GatewayMetrics = state.metrics
-
-    request_id = request_id_for(request, body)
-    check_new_stream(state, body.messages, body.streamlab)
-    stream, slot = await open_engine_stream(state, client_key(request),
-                                            body.to_engine_request(request_id))
-    drain: Drain = state.drain
-    headers = {"X-Request-Id": stream.request_id}
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           gateway: GatewayDep) -> Response:
+    settings = gateway.settings
+    lease = gateway.lease(body, request_id_for(request, body), client_key(request))
     if not body.stream:
-        try:
-            return JSONResponse(await _collect(stream, settings.model_name), headers=headers)
-        finally:
-            drain.untrack(stream)
-            slot.release()
+        async with lease as stream:
+            headers = {"X-Request-Id": stream.request_id}
+            answer = await until_disconnected(request, _collect(lease, settings.model_name))
+            if answer is None:  # the client left: nobody to answer (the lease cancels)
+                return Response(status_code=499)
+            return JSONResponse(answer, headers=headers)
 
-    def ping() -> ServerSentEvent:
-        metrics.heartbeats.inc()
-        return ServerSentEvent(comment="ping")
-
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    stream = await lease.open()
     options = body.streamlab or StreamlabOptions()
-    relay = open_relay(options.relay, stream, state.background_tasks)
-
-    def release() -> None:
-        relay.close()
-        drain.untrack(stream)
-        slot.release()
-
-    return GuardedEventSourceResponse(
-        release,
-        _events(relay, ChunkWriter(stream.request_id, settings.model_name), include_usage,
-                metrics, settings.drain_retry_ms,
-                swallow_errors=options.engine_errors == "swallow"),
-        headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        ping=options.heartbeat_or(settings.heartbeat_s),
-        ping_message_factory=ping,
-        sep="\n",
-        # A client that accepts no bytes for this long is cut, and its
-        # generation cancelled, instead of pinning an engine slot forever.
-        send_timeout=settings.send_timeout_s,
-    )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return event_stream(
+        _events(lease.events(), ChunkWriter(stream.request_id, settings.model_name),
+                include_usage, gateway.metrics, settings.drain_retry_ms),
+        settings=settings, metrics=gateway.metrics,
+        heartbeat_s=options.heartbeat_or(settings.heartbeat_s),
+        headers={"X-Request-Id": stream.request_id}, on_close=lease.close)
 
 
-class GuardedEventSourceResponse(EventSourceResponse):
-    """Runs `on_close` however the response ends. The body generator's own
-    `finally` does not run if the client left before the body started (a
-    never-started async generator has nothing to unwind), which would leak the
-    engine call and the stream slot."""
-
-    def __init__(self, on_close: Callable[[], None], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-async def _events(
-    relay: Relay, writer: ChunkWriter, include_usage: bool, metrics: GatewayMetrics,
-    retry_ms: int, swallow_errors: bool = False,
-) -> AsyncIterator[ServerSentEvent | bytes]:
+async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, include_usage: bool,
+                  metrics: GatewayMetrics, retry_ms: int
+                  ) -> AsyncIterator[ServerSentEvent | bytes]:
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
     try:
-        async for response in relay.responses:
-            kind = response.WhichOneof("event")
-            if kind == "token":
+        async for event in events:
+            if isinstance(event, pb.TokenChunk):
                 metrics.tokens.inc()
-                yield writer.token_event(response.token.text)
-            elif kind == "finish":
-                yield ServerSentEvent(data=writer.finish(response.finish))
+                yield writer.token_event(event.text)
+            else:
+                yield ServerSentEvent(data=writer.finish(event))
                 if include_usage:
-                    yield ServerSentEvent(data=writer.usage(response.finish))
+                    yield ServerSentEvent(data=writer.usage(event))
                 yield ServerSentEvent(data="[DONE]")
                 outcome = "completed"
-                return
     except EngineError as exc:
         # After the first byte the status is sent; the error becomes an event.
         # Unnamed, with an OpenAI-style body: OpenAI SDKs raise on it. No [DONE]
         # follows, so no client mistakes the cut for a complete answer.
         outcome = "engine_error"
-        metrics.engine_errors.labels(exc.code).inc()
-        if swallow_errors:
-            # The broken mode (engine_errors=swallow): what a relay with a bare
-            # `except: pass` around its loop sends, for every error after the
-            # first byte (engine faults, deadlines, a drain's retry: alike). The
-            # client cannot tell the cut from a whole answer; only the gateway's
-            # metrics know.
-            outcome = "engine_error_swallowed"
-            yield ServerSentEvent(data="[DONE]")
-        elif exc.code == DRAINING:
+        if exc.code == DRAINING:
             # `retry:` tells an EventSource when to come back (to another gateway).
             outcome = "drained"
             yield ServerSentEvent(data=json.dumps(exc.body()), retry=retry_ms)
         else:
             yield ServerSentEvent(data=json.dumps(exc.body()))
     finally:
-        relay.close()
         metrics.streams_active.dec()
         metrics.streams.labels(outcome).inc()
 
 
-async def _collect(stream: EngineStream, model: str) -> dict[str, object]:
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run `work` until it ends or the client leaves (then cancel it: None).
+    The body is already read, so the next ASGI message is the disconnect."""
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, listener):
+            pending.cancel()
+        await asyncio.gather(task, listener, return_exceptions=True)
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _collect(lease: EngineLease, model: str) -> dict[str, object]:
     parts: list[str] = []
-    async with stream:
-        async for response in stream:
-            kind = response.WhichOneof("event")
-            if kind == "token":
-                parts.append(response.token.text)
-            elif kind == "finish":
-                return completion(stream.request_id, model, "".join(parts), response.finish)
-    # Unreachable: EngineStream ends with a finish or raises (for the type checker).
+    async for event in lease.events():
+        if isinstance(event, pb.TokenChunk):
+            parts.append(event.text)
+        else:
+            return completion(lease.request_id, model, "".join(parts), event)
+    # Unreachable: a lease's events end with a finish or raise (for the type checker).
     raise EngineError(502, "truncated", "engine stream ended without a finish event")

@@ -35,39 +35,25 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
-from services.gateway.admission import check_new_stream, open_engine_stream
-from services.gateway.drain import Drain
 from services.gateway.errors import BadRequest, GatewayError
 from services.gateway.limits import client_key
-from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.replay_log import BadEventId, event_id, is_stream_id, parse_event_id
 from services.gateway.settings import GatewaySettings
+from services.gateway.sse_response import event_stream
+from services.gateway.state import GatewayDep
 from services.gateway.streams import Attach, ResumableStream, StreamPolicy, StreamRegistry
 
 DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
-
-@asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    # Runs inside the app's own lifespan (FastAPI merges a router's lifespan).
-    registry = StreamRegistry(app.state.settings, app.state.metrics.registry)
-    app.state.streams = registry
-    try:
-        yield
-    finally:
-        await registry.close()
-
-
-router = APIRouter(lifespan=_lifespan)
+router = APIRouter()
 
 
 class ResumeOptions(BaseModel):
@@ -101,27 +87,19 @@ def _policy(settings: GatewaySettings, options: ResumeOptions | None) -> StreamP
 
 
 @router.post("/v1/streams", status_code=201)
-async def create_stream(body: CreateStreamRequest, request: Request) -> JSONResponse:
-    state = request.app.state
-    registry: StreamRegistry = state.streams
-
-    settings: GatewaySettings = state.settings
-    check_new_stream(state, body.messages, body.streamlab)
-    registry.ensure_capacity()
-    # The same stream caps as the OpenAI route: a resumable generation holds
-    # its slot until it ends (not until its connection does). A drain waits for
-    # the generation (not for its readers), then cancels it.
+async def create_stream(body: CreateStreamRequest, request: Request,
+                        gateway: GatewayDep) -> JSONResponse:
+    registry = gateway.streams
     stream_id = registry.new_id()  # also the engine's request id
-    engine_stream, slot = await open_engine_stream(state, client_key(request),
-                                                   body.to_engine_request(stream_id))
-    drain: Drain = state.drain
-
-    def ended() -> None:
-        drain.untrack(engine_stream)
-        slot.release()
-
-    stream = registry.create(stream_id, engine_stream, _policy(settings, body.resume),
-                             on_end=ended)
+    # The same admission and stream caps as the OpenAI route: a resumable
+    # generation holds its slot until it ends (not until its connection does).
+    # A drain waits for the generation (not for its readers), then cancels it.
+    lease = gateway.lease(body, stream_id, client_key(request))
+    lease.admit()
+    registry.ensure_capacity()
+    await lease.open()
+    # From here the stream owns the lease, and closes it when the generation ends.
+    stream = registry.create(stream_id, lease, _policy(gateway.settings, body.resume))
     events_url = f"/v1/streams/{stream_id}/events"
     return JSONResponse(
         {"id": stream_id, "events_url": events_url, "status_url": f"/v1/streams/{stream_id}",
@@ -141,13 +119,13 @@ def _find(registry: StreamRegistry, stream_id: str) -> ResumableStream:
 
 
 @router.get("/v1/streams/{stream_id}")
-async def stream_status(stream_id: str, request: Request) -> JSONResponse:
-    return JSONResponse(_find(request.app.state.streams, stream_id).snapshot())
+async def stream_status(stream_id: str, gateway: GatewayDep) -> JSONResponse:
+    return JSONResponse(_find(gateway.streams, stream_id).snapshot())
 
 
 @router.delete("/v1/streams/{stream_id}")
-async def cancel_stream(stream_id: str, request: Request) -> JSONResponse:
-    stream = _find(request.app.state.streams, stream_id)
+async def cancel_stream(stream_id: str, gateway: GatewayDep) -> JSONResponse:
+    stream = _find(gateway.streams, stream_id)
     stream.cancel("client_cancelled")
     return JSONResponse(stream.snapshot())
 
@@ -174,12 +152,11 @@ def _resume_point(stream: ResumableStream, raw: str | None) -> int:
 async def stream_events(
     stream_id: str,
     request: Request,
+    gateway: GatewayDep,
     last_event_id: str | None = Query(None, max_length=200,
                                       description="for clients that cannot set headers"),
 ) -> Response:
-    state = request.app.state
-    registry: StreamRegistry = state.streams
-    metrics: GatewayMetrics = state.metrics
+    registry = gateway.streams
     stream = _find(registry, stream_id)
     # The header wins: a browser's EventSource sends it on every reconnect,
     # while a query parameter baked into the URL would stay at its first value.
@@ -194,23 +171,12 @@ async def stream_events(
     registry.metrics.connections.labels(replay).inc()
     record = Attach(at=round(time.monotonic() - stream.created, 3), last_event_id=raw,
                     resumed_after=after, missed=missed)
-
-    def ping() -> ServerSentEvent:
-        metrics.heartbeats.inc()
-        return ServerSentEvent(comment="ping")
-
-    return EventSourceResponse(
-        _follow(stream, after, record),
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                 "Last-Event-ID": event_id(stream.id, resumes_after),
-                 "X-Request-Id": stream.id},
-        ping=state.settings.heartbeat_s,
-        ping_message_factory=ping,
-        sep="\n",
-        # A reader that accepts no bytes for this long is cut (its follower
-        # detaches, so the grace clock starts) instead of holding on forever.
-        send_timeout=state.settings.send_timeout_s,
-    )
+    # A reader that accepts no bytes for the send timeout is cut: its follower
+    # detaches, so the grace clock starts, instead of holding on forever.
+    return event_stream(
+        _follow(stream, after, record), settings=gateway.settings, metrics=gateway.metrics,
+        heartbeat_s=gateway.settings.heartbeat_s,
+        headers={"Last-Event-ID": event_id(stream.id, resumes_after), "X-Request-Id": stream.id})
 
 
 async def _follow(stream: ResumableStream, after: int, record: Attach

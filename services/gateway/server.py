@@ -55,4 +55,4 @@ def main() -> None:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             # The drain already waited; this only bounds stragglers.
                             timeout_graceful_shutdown=5)
-    DrainingServer(config, app.state.drain).run()
+    DrainingServer(config, app.state.gateway.drain).run()

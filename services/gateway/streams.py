@@ -1,9 +1,10 @@
 """Resumable streams: generations that outlive the connection that watches them.
 
 On the OpenAI route the request owns the engine call, so a disconnect cancels
-it. On the resume surface (`/v1/streams`) the *registry* owns it:
+it. On the resume surface (`/v1/streams`) the *registry* owns it (each
+stream holds the call's `EngineLease` and closes it when the generation ends):
 
-    POST /v1/streams ─▶ engine.open() ─▶ StreamRegistry.create()
+    POST /v1/streams ─▶ lease.open() ─▶ StreamRegistry.create()
                                            └─ producer task: engine call ─▶ ReplayLog
     GET .../events   ─▶ a follower: reads the log after Last-Event-ID, then waits
                         for more; attach/detach count the followers
@@ -36,19 +37,21 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.gateway.drain import DRAINING
-from services.gateway.engine_client import EngineStream
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS, usage_dict
 from services.gateway.replay_log import Entry, ReplayLog, event_id
 from services.gateway.settings import GatewaySettings
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+
+if TYPE_CHECKING:
+    from services.gateway.lease import EngineLease
 
 MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
 MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
@@ -94,9 +97,8 @@ class ResumeMetrics:
 
 
 class ResumableStream:
-    def __init__(self, stream_id: str, engine: EngineStream, log: ReplayLog,
-                 policy: StreamPolicy, registry: StreamRegistry,
-                 on_end: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, stream_id: str, lease: EngineLease, log: ReplayLog,
+                 policy: StreamPolicy, registry: StreamRegistry) -> None:
         self.id = stream_id
         self.log = log
         self.policy = policy
@@ -106,9 +108,8 @@ class ResumableStream:
         self.attaches: list[Attach] = []
         self.created = time.monotonic()
         self.ended_at: float | None = None
-        self._engine = engine
+        self._lease = lease
         self._registry = registry
-        self._on_end = on_end
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -162,24 +163,20 @@ class ResumableStream:
         if self.ended:
             return
         self.cancel_reason = reason
-        self._engine.cancel()
+        self._lease.close()
         self._end(State.CANCELLED, "cancelled", {"reason": reason})
         if self._task is not None:
             self._task.cancel()
 
     async def _produce(self) -> None:
         try:
-            async for response in self._engine:
-                kind = response.WhichOneof("event")
-                if kind == "token":
-                    self._append("token", {"index": response.token.index,
-                                           "text": response.token.text})
-                elif kind == "finish":
-                    finish = response.finish
+            async for event in self._lease.events():
+                if isinstance(event, pb.TokenChunk):
+                    self._append("token", {"index": event.index, "text": event.text})
+                else:
                     self._end(State.COMPLETED, "done", {
-                        "finish_reason": FINISH_REASONS.get(finish.reason, "stop"),
-                        "usage": usage_dict(finish.usage)})
-                    return
+                        "finish_reason": FINISH_REASONS.get(event.reason, "stop"),
+                        "usage": usage_dict(event.usage)})
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self.cancel_reason = DRAINING
@@ -187,7 +184,7 @@ class ResumableStream:
             else:
                 self._end(State.FAILED, "error", exc.body())
         finally:
-            self._engine.cancel()
+            self._lease.close()
 
     def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
         before = self.log.bytes
@@ -205,7 +202,7 @@ class ResumableStream:
         self.state = state
         self.ended_at = time.monotonic()
         self._append(kind, payload)  # the terminal event: it has an id like any other
-        self._on_end()
+        self._lease.close()  # the slot and the drain's tracking go with the generation
         self._registry.ended(self)
 
     def snapshot(self) -> dict[str, Any]:
@@ -249,13 +246,14 @@ class StreamRegistry:
             if not self._evict_oldest_finished():
                 raise GatewayError(503, "resume_capacity",
                                    f"{len(self._streams)} resumable streams are running; "
-                                   "try again later", headers={"Retry-After": "1"})
+                                   "try again later",
+                                   headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    def create(self, stream_id: str, engine: EngineStream, policy: StreamPolicy,
-               on_end: Callable[[], None] = lambda: None) -> ResumableStream:
-        """Register a started generation; `on_end` runs once when it ends."""
+    def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
+               ) -> ResumableStream:
+        """Register a started generation and own its open lease from now on."""
         log = ReplayLog(policy.max_events, self.settings.resume_log_max_bytes)
-        stream = ResumableStream(stream_id, engine, log, policy, self, on_end)
+        stream = ResumableStream(stream_id, lease, log, policy, self)
         self._streams[stream_id] = stream
         self.metrics.held.set(len(self._streams))
         stream.start(self.settings.resume_attach_timeout_s)

@@ -10,11 +10,12 @@ The contract (the seed's, made explicit):
                       1007 (bad first message), 1011 (engine failed), 1012 (the
                       gateway is draining) or 1013 (stream limits); no [DONE].
 
-Who owns what: the handler owns the gRPC call (`finally: stream.cancel()`).
+Who owns what: the handler's `EngineLease` owns the gRPC call (the same
+admission as an SSE stream: drain, stream caps, prompt size, broken modes).
 It runs two tasks: `_send_tokens` and `_until_disconnect`, which reads the
 socket so a client that leaves is seen at once, even during a silent prefill
 when there is nothing to write that could fail. Whichever ends first cancels
-the other.
+the other, and leaving the lease's block cancels the call.
 """
 
 from __future__ import annotations
@@ -23,19 +24,21 @@ import asyncio
 import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from services.gateway.admission import check_new_stream
-from services.gateway.drain import DRAINING, Drain
-from services.gateway.engine_client import EngineClient, EngineStream
+from services.gateway.drain import DRAINING
+from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import BadRequest, EngineError, GatewayError
-from services.gateway.limits import StreamLimiter, client_key
+from services.gateway.limits import client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest, Message, StreamlabOptions
+from services.gateway.state import GatewayDep
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 # How long a client may take to send its prompt after the upgrade.
 PROMPT_TIMEOUT_S = 30.0
@@ -75,64 +78,29 @@ class WsPrompt(BaseModel):
 
 
 @router.websocket("/ws")
-async def ws_stream(websocket: WebSocket) -> None:
-    engine: EngineClient = websocket.app.state.engine
-    metrics: GatewayMetrics = websocket.app.state.metrics
-    drain: Drain = websocket.app.state.drain
-    limiter: StreamLimiter = websocket.app.state.limiter
+async def ws_stream(websocket: WebSocket, gateway: GatewayDep) -> None:
     await websocket.accept()
-    # The same admission as an SSE stream: no new streams while draining, and
-    # the per-client and overall stream caps (services/gateway/limits.py).
-    if drain.draining:
-        await _fail(websocket, GatewayError(503, DRAINING, "gateway is draining; retry shortly"),
-                    CLOSE_RESTART)
-        return
-    try:
-        slot = limiter.acquire(client_key(websocket))
-    except GatewayError as exc:
-        await _fail(websocket, exc, CLOSE_TRY_LATER)
-        return
-    try:
-        await _serve(websocket, engine, metrics, drain)
-    finally:
-        slot.release()
-
-
-async def _serve(websocket: WebSocket, engine: EngineClient, metrics: GatewayMetrics,
-                 drain: Drain) -> None:
     try:
         async with asyncio.timeout(PROMPT_TIMEOUT_S):
             text = await websocket.receive_text()
         prompt = WsPrompt.parse(text)
         chat = prompt.to_chat()
-        # The SSE route's checks on the request itself: prompt size, broken
-        # modes, drain (a drain that began after the handshake).
-        check_new_stream(websocket.app.state, chat.messages, chat.streamlab)
         request_id = (prompt.streamlab.request_id if prompt.streamlab else None) \
             or uuid.uuid4().hex
-        stream = await engine.open(chat.to_engine_request(request_id))
+        lease = gateway.lease(chat, request_id, client_key(websocket))
+        await lease.open()
     except WebSocketDisconnect:
         return
     except TimeoutError:
         await _fail(websocket, BadRequest("no_prompt", "no prompt within "
-                                          f"{PROMPT_TIMEOUT_S:g} s"), CLOSE_INVALID_PAYLOAD)
+                                          f"{PROMPT_TIMEOUT_S:g} s"))
         return
-    except BadRequest as exc:
-        await _fail(websocket, exc, CLOSE_INVALID_PAYLOAD)
-        return
-    except EngineError as exc:
-        metrics.engine_errors.labels(exc.code).inc()
-        await _fail(websocket, exc, CLOSE_INTERNAL)
-        return
-    except GatewayError as exc:  # draining: come back later, elsewhere
-        await _fail(websocket, exc, CLOSE_RESTART)
+    except GatewayError as exc:
+        await _fail(websocket, exc)
         return
 
-    drain.track(stream)
-    with contextlib.ExitStack() as owned:
-        owned.callback(drain.untrack, stream)
-        owned.callback(stream.cancel)  # every exit path stops the engine
-        sender = asyncio.create_task(_send_tokens(websocket, stream, metrics))
+    with contextlib.closing(lease):  # every exit path stops the engine
+        sender = asyncio.create_task(_send_tokens(websocket, lease.events(), gateway.metrics))
         listener = asyncio.create_task(_until_disconnect(websocket))
         try:
             await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
@@ -142,23 +110,20 @@ async def _serve(websocket: WebSocket, engine: EngineClient, metrics: GatewayMet
             results = await asyncio.gather(sender, listener, return_exceptions=True)
         error = results[0]
         if isinstance(error, EngineError):
-            metrics.engine_errors.labels(error.code).inc()
-            await _fail(websocket, error,
-                        CLOSE_RESTART if error.code == DRAINING else CLOSE_INTERNAL)
+            await _fail(websocket, error)
         elif sender.done() and not sender.cancelled() and error is None:
             await _close(websocket, CLOSE_NORMAL)
 
 
-async def _send_tokens(websocket: WebSocket, stream: EngineStream,
+async def _send_tokens(websocket: WebSocket, events: AsyncIterator[EngineEvent],
                        metrics: GatewayMetrics) -> None:
-    async for response in stream:
-        kind = response.WhichOneof("event")
-        if kind == "token":
+    async for event in events:
+        if isinstance(event, pb.TokenChunk):
             metrics.tokens.inc()
             await websocket.send_text(json.dumps(
-                {"index": response.token.index, "text": response.token.text},
+                {"index": event.index, "text": event.text},
                 ensure_ascii=False, separators=(",", ":")))
-        elif kind == "finish":
+        else:
             await websocket.send_text("[DONE]")
 
 
@@ -168,12 +133,23 @@ async def _until_disconnect(websocket: WebSocket) -> None:
         pass
 
 
-async def _fail(websocket: WebSocket, exc: GatewayError, code: int) -> None:
+def close_code(exc: GatewayError) -> int:
+    """The close code that tells a client what to do about `exc`."""
+    if exc.code == DRAINING:
+        return CLOSE_RESTART  # come back later, elsewhere
+    if exc.status_code == 429:
+        return CLOSE_TRY_LATER  # stream caps, or the engine's queue
+    if exc.status_code == 400:
+        return CLOSE_INVALID_PAYLOAD  # the prompt itself (the gateway's or the engine's check)
+    return CLOSE_INTERNAL
+
+
+async def _fail(websocket: WebSocket, exc: GatewayError) -> None:
     body: dict[str, Any] = exc.body()
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
         if websocket.application_state == WebSocketState.CONNECTED:
             await websocket.send_text(json.dumps(body))
-    await _close(websocket, code)
+    await _close(websocket, close_code(exc))
 
 
 async def _close(websocket: WebSocket, code: int) -> None:

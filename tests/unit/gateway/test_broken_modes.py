@@ -1,23 +1,13 @@
 """The lab's broken modes: which request knobs select one, and the gateway
-setting that refuses them (services/gateway/admission.py)."""
+setting that refuses them (services/gateway/broken_modes.py)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from services.gateway.admission import check_new_stream
-from services.gateway.drain import Drain
+from services.gateway.broken_modes import BrokenModes, selected
 from services.gateway.errors import BadRequest
-from services.gateway.openai_api import Message, StreamlabOptions
-from services.gateway.settings import GatewaySettings
-
-PROMPT = [Message(role="user", content="hi")]
-
-
-def state(allow: bool) -> SimpleNamespace:
-    return SimpleNamespace(settings=GatewaySettings(allow_broken_modes=allow), drain=Drain(1.0))
+from services.gateway.openai_api import StreamlabOptions
 
 
 @pytest.mark.parametrize(("knobs", "modes"), [
@@ -27,21 +17,22 @@ def state(allow: bool) -> SimpleNamespace:
     ({"engine_errors": "swallow"}, ["engine_errors=swallow"]),
     ({"job_ttl_s": 0}, ["job_ttl_s=0"]),
 ])
-def test_broken_modes_names_each_broken_knob(knobs: dict[str, object], modes: list[str]
-                                             ) -> None:
-    assert StreamlabOptions.model_validate(knobs).broken_modes() == modes
+def test_each_broken_knob_selects_its_registered_mode(knobs: dict[str, object],
+                                                      modes: list[str]) -> None:
+    options = StreamlabOptions.model_validate(knobs)
+    assert [mode.name for mode in selected(options)] == modes
 
 
 def test_a_gateway_that_refuses_broken_modes_names_them() -> None:
     options = StreamlabOptions(relay="detached_unbounded", engine_errors="swallow")
     with pytest.raises(BadRequest) as refused:
-        check_new_stream(state(allow=False), PROMPT, options)
+        BrokenModes(allowed=False).admit(options)
     assert refused.value.status_code == 400
     assert refused.value.code == "broken_mode_disabled"
     assert "relay=detached_unbounded, engine_errors=swallow" in refused.value.message
 
 
 def test_the_lab_gateway_allows_them_and_fixed_knobs_always_pass() -> None:
-    check_new_stream(state(allow=True), PROMPT, StreamlabOptions(engine_errors="swallow"))
-    check_new_stream(state(allow=False), PROMPT, StreamlabOptions(job_ttl_s=2.0))
-    check_new_stream(state(allow=False), PROMPT, None)
+    BrokenModes(allowed=True).admit(StreamlabOptions(engine_errors="swallow"))
+    BrokenModes(allowed=False).admit(StreamlabOptions(job_ttl_s=2.0))
+    BrokenModes(allowed=False).admit(None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -69,22 +70,19 @@ def test_a_request_may_shorten_the_ttl_but_never_lengthen_it() -> None:
     assert job_ttl(30.0, 60.0) == 30.0  # cut to the operator's bound, like /v1/streams
 
 
-class EndlessStream:
-    """Stands in for an engine call that never ends: the pump waits on it."""
+class EndlessLease:
+    """Stands in for the lease of an engine call that never ends: the pump waits on it."""
 
     request_id = "endless"
 
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
 
-    def __aiter__(self) -> EndlessStream:
-        return self
-
-    async def __anext__(self) -> object:
+    async def events(self) -> AsyncIterator[object]:
         await asyncio.Event().wait()
-        raise StopAsyncIteration
+        yield None  # never reached
 
-    def cancel(self) -> None:
+    def close(self) -> None:
         self.cancelled.set()
 
 
@@ -97,9 +95,9 @@ async def test_a_job_with_a_shorter_ttl_wakes_a_sleeping_reaper() -> None:
     try:
         await asyncio.sleep(0)  # one loop turn: the reaper runs up to its first wait
         assert store._sleeping_for == 1.0  # asleep for the store's pace (30 s / 4, capped)
-        default = store.start(EndlessStream())  # type: ignore[arg-type]
+        default = store.start(EndlessLease())  # type: ignore[arg-type]
         assert default.ttl_s == 30.0
-        stream = EndlessStream()
+        stream = EndlessLease()
         started = time.monotonic()
         store.start(stream, ttl_s=0.2)  # type: ignore[arg-type]
         async with asyncio.timeout(2.0):

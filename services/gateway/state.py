@@ -1,0 +1,71 @@
+"""What the gateway holds while it runs, as one typed object built by
+`create_app(settings, engine=...)` and read by every route through
+`GatewayDep`.
+
+    settings      GatewaySettings, built in main() and passed down
+    metrics       the app's own Prometheus registry
+    drain         live engine calls, for a graceful shutdown
+    limiter       stream caps, overall and per client
+    broken_modes  the lab's broken modes: refused or applied, per request
+    streams       the resume surface's registry (/v1/streams)
+    jobs          the polling surface's job store (/v1/jobs)
+    engine        the engine client: given to create_app (a test's scripted
+                  engine), or the gRPC client the lifespan opens and closes
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends
+from starlette.requests import HTTPConnection
+
+from services.gateway.broken_modes import BrokenModes
+from services.gateway.drain import Drain
+from services.gateway.engine_client import Engine
+from services.gateway.jobs import JobMetrics, JobStore
+from services.gateway.lease import EngineLease
+from services.gateway.limits import StreamLimiter
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai_api import ChatCompletionRequest
+from services.gateway.settings import GatewaySettings
+from services.gateway.streams import StreamRegistry
+
+
+class GatewayState:
+    def __init__(self, settings: GatewaySettings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.drain = Drain(settings.drain_grace_s)
+        self.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
+                                     settings.retry_after_s)
+        self.broken_modes = BrokenModes(settings.allow_broken_modes)
+        self.streams = StreamRegistry(settings, self.metrics.registry)
+        self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry))
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError("the engine client is opened by the app's lifespan")
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def has_engine(self) -> bool:
+        return self._engine is not None
+
+    def lease(self, body: ChatCompletionRequest, request_id: str,
+              client_key: str | None) -> EngineLease:
+        return EngineLease(self, body, request_id, client_key)
+
+
+def gateway_state(connection: HTTPConnection) -> GatewayState:
+    state: GatewayState = connection.app.state.gateway
+    return state
+
+
+GatewayDep = Annotated[GatewayState, Depends(gateway_state)]
