@@ -43,19 +43,19 @@ def test_the_tree_as_it_is_keeps_the_contract(project: Path) -> None:
     assert "0 broken" in result.stdout
 
 
-def test_a_service_importing_the_lab_tool_breaks_the_layers(project: Path) -> None:
-    (project / "services" / "engine" / "crossing.py").write_text(
-        "from streamlab import cli  # the lab tool, from a service\n")
+@pytest.mark.parametrize(("module", "source", "contract", "crossing"), [
+    ("services/engine/crossing.py", "from streamlab import cli\n",
+     "The lab tool above the services above the protocol",
+     "services.engine.crossing -> streamlab.cli"),
+    ("services/gateway/crossing.py", "from services.engine import settings\n",
+     "Engine, gateway and clients import none of each other",
+     "services.gateway.crossing -> services.engine.settings"),
+], ids=["service-imports-the-lab-tool", "gateway-imports-the-engine"])
+def test_a_crossing_breaks_the_contract_and_is_named(
+    project: Path, module: str, source: str, contract: str, crossing: str
+) -> None:
+    (project / module).write_text(source)
     result = lint_imports(project)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "The lab tool above the services above the protocol BROKEN" in result.stdout
-    assert "services.engine.crossing -> streamlab.cli" in result.stdout
-
-
-def test_the_gateway_importing_the_engine_breaks_their_independence(project: Path) -> None:
-    (project / "services" / "gateway" / "crossing.py").write_text(
-        "from services.engine import settings  # another service's module\n")
-    result = lint_imports(project)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "Engine, gateway and clients import none of each other BROKEN" in result.stdout
-    assert "services.gateway.crossing -> services.engine.settings" in result.stdout
+    assert f"{contract} BROKEN" in result.stdout
+    assert crossing in result.stdout

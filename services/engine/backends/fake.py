@@ -36,17 +36,19 @@ WORDS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class ThinkPause:
-    after_token: int
-    pause_ms: int
-
-
-@dataclass(frozen=True)
 class FakeTiming:
     prefill_ms: int
     token_gap_ms: int
     answer_tokens: int
     pauses: tuple[ThinkPause, ...] = ()
+
+
+@dataclass(frozen=True)
+class ThinkPause:
+    """After token `after_token` (0-based), `pause_ms` more of silence."""
+
+    after_token: int
+    pause_ms: int
 
 
 def read_timing(request: pb.GenerateRequest, defaults: FakeModelDefaults) -> FakeTiming:
