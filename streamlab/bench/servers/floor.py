@@ -11,7 +11,6 @@ exists to be measured, not to be run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -22,6 +21,8 @@ from services.gateway.engine_client import EngineClient
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.settings import GatewaySettings
+from streamlab.bench.servers import arguments
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
         b"x-accel-buffering: no\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -79,19 +80,19 @@ class Floor:
                 '[{"index":0,"delta":').encode()
         writer.write(HEAD)
         try:
-            async with stream:
-                async for response in stream:
-                    if response.HasField("token"):
-                        text = json.dumps(response.token.text, ensure_ascii=False).encode()
-                        writer.write(_chunk(head + b'{"content":' + text
-                                            + b'},"finish_reason":null}]}\n\n'))
-                        await writer.drain()
-                    else:  # the finish: EngineStream stops after it
-                        writer.write(_chunk(head + b'{},"finish_reason":"stop"}]}\n\n'
-                                            + b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                        return
+            async for event in stream:
+                if isinstance(event, pb.Finish):  # EngineStream stops after it
+                    writer.write(_chunk(head + b'{},"finish_reason":"stop"}]}\n\n'
+                                        + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                    return
+                text = json.dumps(event.text, ensure_ascii=False).encode()
+                writer.write(_chunk(head + b'{"content":' + text
+                                    + b'},"finish_reason":null}]}\n\n'))
+                await writer.drain()
         except GatewayError:
             pass
+        finally:
+            stream.cancel()  # idempotent: a failed write leaves the call to be cancelled
         writer.write(_chunk(b'data: {"error":{"code":"engine_error"}}\n\n') + b"0\r\n\r\n")
 
 
@@ -103,11 +104,7 @@ async def serve(host: str, port: int, engine_target: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--engine", required=True, help="host:port of the engine (or its hop)")
-    args = parser.parse_args()
+    args = arguments(__doc__)
     try:
         import uvloop
 

@@ -6,7 +6,6 @@ before every token, the same engine client and chunk JSON as the gateway.
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +17,8 @@ from fastapi.responses import StreamingResponse
 from services.gateway.engine_client import EngineClient
 from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter
 from services.gateway.settings import GatewaySettings
+from streamlab.bench.servers import arguments
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
 def create_app(engine_target: str) -> FastAPI:
@@ -42,16 +43,16 @@ def create_app(engine_target: str) -> FastAPI:
         writer = ChunkWriter(request_id, body.model)
 
         async def events() -> AsyncIterator[str]:
-            async with stream:
-                async for response in stream:
+            try:
+                async for event in stream:
                     if await request.is_disconnected():  # the seed's per-token check
                         return
-                    kind = response.WhichOneof("event")
-                    if kind == "token":
-                        yield f"data: {writer.token(response.token.text)}\n\n"
-                    elif kind == "finish":
-                        yield f"data: {writer.finish(response.finish)}\n\ndata: [DONE]\n\n"
+                    if isinstance(event, pb.Finish):  # EngineStream stops after it
+                        yield f"data: {writer.finish(event)}\n\ndata: [DONE]\n\n"
                         return
+                    yield f"data: {writer.token(event.text)}\n\n"
+            finally:
+                stream.cancel()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -60,11 +61,7 @@ def create_app(engine_target: str) -> FastAPI:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--engine", required=True, help="host:port of the engine (or its hop)")
-    args = parser.parse_args()
+    args = arguments(__doc__)
     # Same server settings as the gateway (services/gateway/server.py), access log included.
     uvicorn.run(create_app(args.engine), host=args.host, port=args.port, log_level="info")
 
