@@ -143,7 +143,7 @@ class ChunkWriter:
     def token_event(self, text: str) -> bytes:
         """One token's whole SSE event, byte for byte `data: {token(text)}\n\n`.
 
-        The relay's hot path (see README, "Relay overhead"): after the first
+        The relay's hot path (docs/benchmarks.md, "Relay overhead"): after the first
         token the envelope never changes, so it is formatted once and only the
         text is JSON-encoded per token, and the bytes skip sse-starlette's
         per-event encoder.
