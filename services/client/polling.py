@@ -15,15 +15,23 @@ import httpx
 from services.client.transport_run import TransportRun
 
 
-async def _start(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                 run: TransportRun) -> str | None:
-    response = await client.post(f"{base_url}/v1/jobs", json=body)
+def _answer(response: httpx.Response, run: TransportRun, expected: int,
+            step: str) -> dict[str, Any] | None:
+    """Count the request and what came back; the JSON answer, or None with the
+    run's error set when the status is not the expected one."""
     run.requests += 1
     run.payload_bytes_down += len(response.content)
-    if response.status_code != 201:
-        run.error = f"start: HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code != expected:
+        run.error = f"{step}: HTTP {response.status_code}: {response.text[:200]}"
         return None
-    return str(response.json()["id"])
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def _start(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                 run: TransportRun) -> str | None:
+    answer = _answer(await client.post(f"{base_url}/v1/jobs", json=body), run, 201, "start")
+    return None if answer is None else str(answer["id"])
 
 
 async def _poll(client: httpx.AsyncClient, base_url: str, job_id: str, since: int,
@@ -31,13 +39,10 @@ async def _poll(client: httpx.AsyncClient, base_url: str, job_id: str, since: in
     params: dict[str, str | int | float] = {"since": since}
     if wait_s:
         params["wait_s"] = wait_s
-    response = await client.get(f"{base_url}/v1/jobs/{job_id}", params=params)
-    run.requests += 1
-    run.payload_bytes_down += len(response.content)
-    if response.status_code != 200:
-        run.error = f"poll: HTTP {response.status_code}: {response.text[:200]}"
+    answer = _answer(await client.get(f"{base_url}/v1/jobs/{job_id}", params=params), run,
+                     200, "poll")
+    if answer is None:
         return None
-    answer: dict[str, Any] = response.json()
     run.tokens(answer["tokens"])
     if answer.get("error"):
         run.error = f"job failed: {answer['error']}"

@@ -180,19 +180,20 @@ def reset(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
     console.print("every hop enabled, no toxics")
 
 
+def _set_enabled(hop: str, enabled: bool, run_dir: Path, said: str) -> None:
+    _check_hop(hop)
+    with _client(run_dir) as client:
+        client.set_enabled(hop, enabled)
+    console.print(f"{hop} {said}")
+
+
 @proxy_app.command()
 def enable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
     """Let the hop accept connections again."""
-    _check_hop(hop)
-    with _client(run_dir) as client:
-        client.set_enabled(hop, True)
-    console.print(f"{hop} enabled")
+    _set_enabled(hop, True, run_dir, "enabled")
 
 
 @proxy_app.command()
 def disable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
     """Close every open connection through the hop and refuse new ones."""
-    _check_hop(hop)
-    with _client(run_dir) as client:
-        client.set_enabled(hop, False)
-    console.print(f"{hop} disabled: open connections cut, new ones refused")
+    _set_enabled(hop, False, run_dir, "disabled: open connections cut, new ones refused")
