@@ -30,17 +30,11 @@ from services.engine.backends.base import (
     InvalidRequest,
 )
 from services.engine.settings import EngineSettings
-from services.engine.stats import EngineStats, GenerationRecord, State
+from services.engine.stats import EngineStats, GenerationRecord
 from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
-
-_STATE_TO_PB = {
-    State.RUNNING: pb.GENERATION_STATE_RUNNING,
-    State.COMPLETED: pb.GENERATION_STATE_COMPLETED,
-    State.CANCELLED: pb.GENERATION_STATE_CANCELLED,
-    State.FAILED: pb.GENERATION_STATE_FAILED,
-}
+from streamlab_protocol.generation import GenerationState
 
 
 def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -> GenerationInput:
@@ -103,7 +97,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         await self._admission.acquire()  # queued here; a cancel leaves the queue
         record = self._stats.begin(generation.request_id)
         context.add_done_callback(lambda ctx: self._on_done(ctx, record))
-        state = State.FAILED
+        state = GenerationState.FAILED
         produced = 0
         summary: GenerationSummary | None = None
         stop = StopMatcher(generation.stop)
@@ -148,7 +142,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 )
             reason = (pb.FINISH_REASON_LENGTH if summary.finished_by_length
                       else pb.FINISH_REASON_STOP)
-            state = State.COMPLETED
+            state = GenerationState.COMPLETED
             yield pb.GenerateResponse(
                 finish=pb.Finish(
                     reason=reason,
@@ -162,9 +156,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             # at a `yield`. Both mean the caller is gone. Unless the finish event
             # had already gone out: a caller that cancels instead of waiting for
             # the trailers (a gateway done with the stream) cancelled nothing.
-            if state is not State.COMPLETED:
+            if state is not GenerationState.COMPLETED:
                 self._stats.mark_cancel(record)
-                state = State.CANCELLED
+                state = GenerationState.CANCELLED
             raise
         except BackendError as exc:
             if produced == 0:
@@ -212,7 +206,7 @@ def _prompt_tokens(generation: GenerationInput) -> int:
 def _record_to_pb(record: GenerationRecord) -> pb.GenerationRecord:
     return pb.GenerationRecord(
         request_id=record.request_id,
-        state=_STATE_TO_PB[record.state],
+        state=record.state.to_wire(),
         tokens_generated=record.tokens_generated,
         tokens_after_cancel=record.tokens_after_cancel,
         started_at=record.started_at,

@@ -13,21 +13,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from enum import Enum
 
-
-class State(Enum):
-    RUNNING = "running"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
+from streamlab_protocol.generation import GenerationState
 
 
 @dataclass
 class GenerationRecord:
     request_id: str
     started_at: float
-    state: State = State.RUNNING
+    state: GenerationState = GenerationState.RUNNING
     tokens_generated: int = 0
     tokens_after_cancel: int = 0
     cancelled_at: float = 0.0
@@ -66,7 +60,7 @@ class EngineStats:
     @property
     def active(self) -> int:
         with self._lock:
-            return sum(1 for r in self._records.values() if r.state is State.RUNNING)
+            return sum(1 for r in self._records.values() if r.state is GenerationState.RUNNING)
 
     def begin(self, request_id: str) -> GenerationRecord:
         record = GenerationRecord(request_id=request_id, started_at=self.now(), _stats=self)
@@ -87,18 +81,18 @@ class EngineStats:
 
     def mark_cancel(self, record: GenerationRecord) -> None:
         with self._lock:
-            if not record.cancel_seen and record.state is State.RUNNING:
+            if not record.cancel_seen and record.state is GenerationState.RUNNING:
                 record.cancelled_at = self.now()
 
-    def end(self, record: GenerationRecord, state: State) -> None:
+    def end(self, record: GenerationRecord, state: GenerationState) -> None:
         with self._lock:
-            if record.state is not State.RUNNING:
+            if record.state is not GenerationState.RUNNING:
                 return
             record.state = state
             record.ended_at = self.now()
-            if state is State.COMPLETED:
+            if state is GenerationState.COMPLETED:
                 self.completed += 1
-            elif state is State.CANCELLED:
+            elif state is GenerationState.CANCELLED:
                 self.cancelled += 1
             else:
                 self.failed += 1
@@ -115,6 +109,7 @@ class EngineStats:
         excess = len(self._records) - self._history
         if excess <= 0:
             return
-        oldest_finished = (k for k, r in self._records.items() if r.state is not State.RUNNING)
+        oldest_finished = (k for k, r in self._records.items()
+                           if r.state is not GenerationState.RUNNING)
         for key in list(itertools.islice(oldest_finished, excess)):
             del self._records[key]

@@ -38,7 +38,6 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -49,19 +48,13 @@ from services.gateway.openai_api import FINISH_REASONS, usage_dict
 from services.gateway.replay_log import Entry, ReplayLog, event_id
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.generation import GenerationState
 
 if TYPE_CHECKING:
     from services.gateway.lease import EngineLease
 
 MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
 MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
-
-
-class State(StrEnum):
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -102,7 +95,7 @@ class ResumableStream:
         self.id = stream_id
         self.log = log
         self.policy = policy
-        self.state = State.RUNNING
+        self.state = GenerationState.RUNNING
         self.cancel_reason: str | None = None
         self.followers = 0
         self.attaches: list[Attach] = []
@@ -116,7 +109,7 @@ class ResumableStream:
 
     @property
     def ended(self) -> bool:
-        return self.state is not State.RUNNING
+        return self.state is not GenerationState.RUNNING
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -164,7 +157,7 @@ class ResumableStream:
             return
         self.cancel_reason = reason
         self._lease.close()
-        self._end(State.CANCELLED, "cancelled", {"reason": reason})
+        self._end(GenerationState.CANCELLED, "cancelled", {"reason": reason})
         if self._task is not None:
             self._task.cancel()
 
@@ -174,15 +167,15 @@ class ResumableStream:
                 if isinstance(event, pb.TokenChunk):
                     self._append("token", {"index": event.index, "text": event.text})
                 else:
-                    self._end(State.COMPLETED, "done", {
+                    self._end(GenerationState.COMPLETED, "done", {
                         "finish_reason": FINISH_REASONS.get(event.reason, "stop"),
                         "usage": usage_dict(event.usage)})
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self.cancel_reason = DRAINING
-                self._end(State.CANCELLED, "cancelled", {"reason": DRAINING})
+                self._end(GenerationState.CANCELLED, "cancelled", {"reason": DRAINING})
             else:
-                self._end(State.FAILED, "error", exc.body())
+                self._end(GenerationState.FAILED, "error", exc.body())
         finally:
             self._lease.close()
 
@@ -195,7 +188,7 @@ class ResumableStream:
         self._changed = asyncio.Event()
         return entry
 
-    def _end(self, state: State, kind: str, payload: dict[str, Any]) -> None:
+    def _end(self, state: GenerationState, kind: str, payload: dict[str, Any]) -> None:
         if self.ended:
             return
         self._disarm()
