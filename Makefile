@@ -48,7 +48,7 @@ integration: install
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 # The integration suite against compose.yaml's containers (builds the images,
-# brings the project up on free ports, always takes it down). See README.
+# brings the project up on free ports, always takes it down). See docs/compose.md.
 test-compose: install
 	@bash scripts/compose_test.sh $(PYTEST_ARGS)
 

@@ -17,7 +17,7 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 @dataclass(frozen=True)
 class NginxOptions:
     read_timeout_s: float = 60.0  # nginx's own default
-    short_read_timeout_s: float = 2.0  # the seed's stand-in for 60 s
+    short_read_timeout_s: float = 2.0  # a short stand-in for a load balancer's 60 s
 
 
 def render(template: str, values: dict[str, str]) -> str:

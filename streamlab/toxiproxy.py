@@ -1,6 +1,6 @@
 """A small typed client for Toxiproxy's REST API.
 
-Why not toxiproxy-python (the design card's pick): its last release is from
+Why not toxiproxy-python (the obvious pick): its last release is from
 2019, it keeps the API host in module-global state (so two labs on different
 ports cannot be driven from one process, which the test suite does), it has no
 timeouts on its HTTP calls, and it has no type hints. The REST API is small

@@ -24,7 +24,7 @@ async def ws_chat(url: str, prompt: str, *, timing: Mapping[str, object] | None 
     if max_tokens is not None:
         message["max_tokens"] = max_tokens
     try:
-        # compression=None: the seed's setting; per-message deflate would hide
+        # compression=None: per-message deflate would hide
         # the framing cost the table is about.
         async with websockets.connect(url, compression=None, open_timeout=10,
                                       close_timeout=5) as ws:

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class FakeModelDefaults(BaseSettings):
-    """Timing of the fake model when a request does not shape it (the seed's numbers)."""
+    """Timing of the fake model when a request does not shape it: a chat model's usual pace."""
 
     model_config = SettingsConfigDict(env_prefix="STREAMLAB_FAKE_", extra="ignore")
 

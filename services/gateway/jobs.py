@@ -13,7 +13,7 @@ request that started it. Who owns what:
   the TTL: a job nobody has polled for its TTL is cancelled at the engine and
   deleted, finished or not. With no connection to close, "not polled lately"
   is the only sign a polling client has gone. A TTL of 0 never expires, which
-  is the seed's leak: the engine writes for nobody and the tokens stay in
+  is the classic polling leak: the engine writes for nobody and the tokens stay in
   memory forever. Each job carries its own TTL (the store's by default; a
   request may shorten it, or set 0 in the lab's broken mode), so the leak and
   its fix run side by side on one gateway.

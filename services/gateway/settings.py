@@ -81,7 +81,7 @@ class GatewaySettings(BaseSettings):
 
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and
-    # deleted; 0 keeps jobs forever (the seed's leak, kept switchable so the
+    # deleted; 0 keeps jobs forever (the classic polling leak, kept switchable so the
     # lab can show it).
     job_ttl_s: float = Field(30.0, ge=0)
     # The longest a long-polling request may hold before answering "nothing yet".

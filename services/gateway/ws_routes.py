@@ -1,6 +1,6 @@
 """`/ws`: the engine's stream over a WebSocket.
 
-The contract (the seed's, made explicit):
+The contract:
 
     client → server   one text message: JSON {"prompt": "...", "max_tokens": n,
                       "streamlab": {...timing, as on the SSE route}} or a plain prompt

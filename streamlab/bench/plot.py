@@ -1,4 +1,4 @@
-"""The transports figure: a timeline like the seed's, and what each transport cost.
+"""The transports figure: a timeline per transport, and what each transport cost.
 
 Top: one lane per transport, a mark per token at the moment the client saw it
 (the run with the median total), the model's own token times in the top lane,

@@ -9,12 +9,12 @@ another) and at concurrency C (C streams at once):
     via nginx     client ─▶ nginx ─▶ gateway ─▶ ...
     full chain    client ─▶ edge ─▶ nginx ─▶ upstream ─▶ gateway ─▶ ...  (no toxics)
     floor         client ─▶ bare asyncio relay ─▶ engine hop ─▶ engine  (the floor for CPU)
-    naive         client ─▶ seed's StreamingResponse relay ─▶ engine hop ─▶ engine
+    naive         client ─▶ textbook StreamingResponse relay ─▶ engine hop ─▶ engine
 
 Server CPU per 1,000 tokens is read from the relay process (gateway, floor or
 naive) around each cell. Then one load cell: the full chain with the engine at
 a 20 ms gap and 100 concurrent streams, for the inter-chunk target. The
-report compares the figures with the issue's targets; it asserts nothing.
+report compares the figures with its targets; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from streamlab.target import LabTarget, pid_or_none
 from streamlab.timing import Timing
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
-# The issue's targets (see README, "Relay overhead").
+# The relay's targets (docs/benchmarks.md, "Relay overhead").
 TARGET_TTFT_ADDED_MS = 3.0
 TARGET_CPU_VS_FLOOR = 3.0
 TARGET_NAIVE_VS_GATEWAY = 2.0
@@ -290,7 +290,7 @@ def _find(cells: list[Cell], path: str, concurrency: int, gap_ms: int | None = N
 
 def judge(cells: list[Cell], concurrencies: list[int],
           load: tuple[RelayPath, int, int, int] | None) -> list[dict[str, Any]]:
-    """Each of the issue's targets: the measured figure, the target and whether we meet it."""
+    """Each target: the measured figure, the target and whether we meet it."""
     verdicts: list[dict[str, Any]] = []
     grpc_c1, chain_c1 = _find(cells, "grpc", 1), _find(cells, "full chain", 1)
     if grpc_c1 and chain_c1:

@@ -1,5 +1,5 @@
 """Silent readers side by side: what N clients that never read cost the gateway,
-with the direct relay (bounded) and the detached one (the seed's anti-pattern).
+with the direct relay (bounded) and the detached one (the classic anti-pattern).
 
 Each client sends a streaming request straight to the gateway and never reads
 (services/client/silent.py); the engine floods (no gap between tokens). While

@@ -56,7 +56,7 @@ def transport_rows(report: dict[str, Any], markup: bool = True) -> list[list[str
 
 
 def markdown(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
-    """A GitHub table, for pasting a run into the README."""
+    """A GitHub table, for pasting a run into the docs."""
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -1,14 +1,14 @@
-"""`streamlab bench transports`: the seed's table, on the real topology.
+"""`streamlab bench transports`: every transport side by side, on the real topology.
 
-Every transport gets the same fake-model timing (the seed's: 50 tokens, 50 ms
-apart, no real prefill) and runs one at a time, N times, through the edge
+Every transport gets the same fake-model timing (50 tokens, 50 ms apart, no
+real prefill) and runs one at a time, N times, through the edge
 (gRPC, which browsers cannot speak, through the engine hop instead). Around
 each run the bench reads the wire bytes on that proxy and the CPU of the
 gateway and engine processes, so the table's bytes and CPU are the system's,
 not the client's own count.
 
 The fake model's prefill is 1 ms, not 0: on the gRPC wire 0 means "engine
-default" (300 ms), so 1 ms is the closest to the seed's "first token after one
+default" (300 ms), so 1 ms is the closest to "the first token after one
 gap".
 """
 
@@ -37,7 +37,7 @@ from streamlab.target import LabTarget, pid_or_none
 from streamlab.timing import Timing
 
 PROMPT = "tell me about streaming"
-# The seed's model pace: 50 tokens, 50 ms apart, first token after one gap.
+# The model's pace: 50 tokens, 50 ms apart, first token after one gap.
 BENCH_TIMING = Timing(prefill_ms=1, gap_ms=50, tokens=50)
 
 

@@ -1,5 +1,5 @@
-"""The scenario catalogue: every failure from the seed's Problem and Break It
-sections, with the setup that breaks it, the one that fixes it, and the
+"""The scenario catalogue: every way a token stream breaks between the
+engine and the screen, with the setup that breaks it, the one that fixes it, and the
 measured checks that tell them apart. Data only; measures.py does the work."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ FAST_RATE_KB_S = 64  # far above it
 
 
 def _fixed_ttft(t: Timing) -> float:
-    """The issue's bar for a stream that was not held back: TTFT ≤ prefill + 2 gaps + tolerance."""
+    """The bar for a stream that was not held back: TTFT ≤ prefill + 2 gaps + tolerance."""
     return t.prefill_s + 2 * t.gap_s + t.tolerance_s
 
 

@@ -32,7 +32,7 @@ def test_stopped_reader_pauses_the_engine_then_the_send_timeout_cancels_it(lab: 
     answer = 100_000
     # Straight at the gateway: through the whole chain the same proof needs tens
     # of MiB (every hop's autotuned kernel buffers, nginx, Toxiproxy) before the
-    # engine feels it; see README "Backpressure, measured".
+    # engine feels it; see docs/cancellation-and-backpressure.md.
     sock = open_silent_reader(lab.ports.host, lab.ports.gateway_port, "/v1/chat/completions",
                               flood(answer),
                               headers={"X-Request-Id": rid})

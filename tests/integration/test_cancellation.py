@@ -148,7 +148,7 @@ def test_ctrl_c_in_streamlab_chat_cancels_the_generation(lab: Lab) -> None:
 async def test_detached_relay_generates_to_the_end_for_nobody(
     lab: Lab, http: httpx.AsyncClient
 ) -> None:
-    """The seed's anti-pattern: generation in a task nobody cancels, feeding an
+    """The classic anti-pattern: generation in a task nobody cancels, feeding an
     unbounded queue. The client leaves after 3 tokens; the engine writes all 60.
 
     (nginx's `proxy_ignore_client_abort on` was the other broken variant we

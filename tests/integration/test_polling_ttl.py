@@ -1,4 +1,4 @@
-"""The seed's fourth break: polling that leaks, and the TTL that fixes it.
+"""A classic break: polling that leaks, and the TTL that fixes it.
 
 A polling job has no connection to close, so a client that walks away is
 invisible: without a TTL the engine writes the whole answer for nobody and

@@ -1,4 +1,4 @@
-"""A small chaos soak on the real topology (the README has a large run)."""
+"""A small chaos soak on the real topology (docs/scenarios.md has a large run)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ async def test_tokens_stream_through_the_full_chain(lab: Lab, http: httpx.AsyncC
 async def test_buffered_location_holds_the_stream_back_to_one_lump(
     lab: Lab, http: httpx.AsyncClient
 ) -> None:
-    """The seed's first bug: behind nginx's defaults (buffering on, gzip on) a
+    """The classic first bug: behind nginx's defaults (buffering on, gzip on) a
     stream of tokens arrives all at once, at the end."""
     body = chat_body("hello", prefill_ms=PREFILL_MS, token_gap_ms=GAP_MS, answer_tokens=TOKENS)
     buffered = await stream_chat(http, completions(lab.edge_url, "/buffered/"), body,

@@ -1,5 +1,5 @@
 """Fault toggles on the real Toxiproxy: the CLI, the official toxiproxy-cli, and
-the quirks of the toxics that the README warns about, shown with real traffic."""
+the quirks of the toxics that docs/toxics.md warns about, shown with real traffic."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fake model: deterministic text on a deterministic clock.
 
-Timing follows the seed lesson: a prefill delay, then one token per gap, with
+Timing follows a real model's shape: a prefill delay, then one token per gap, with
 optional think pauses ("after token k, stay silent p ms"). Each token is
 scheduled on an absolute timeline from the start of the call, so slow event
 loop turns do not accumulate drift into the measurements.

@@ -5,7 +5,7 @@ the gateway), so the comparison isolates what the HTTP/SSE layer costs:
 
 - `floor`: a bare asyncio socket server that writes pre-formatted SSE chunks
   (no framework, no per-token JSON encoding of the envelope): the floor.
-- `naive`: the seed's relay, FastAPI `StreamingResponse` with
+- `naive`: the textbook relay, FastAPI `StreamingResponse` with
   `request.is_disconnected()` before every token.
 """
 

@@ -1,4 +1,4 @@
-"""The seed's relay: FastAPI `StreamingResponse`, `request.is_disconnected()`
+"""The textbook relay: FastAPI `StreamingResponse`, `request.is_disconnected()`
 before every token, the same engine client and chunk JSON as the gateway.
 
     python -m streamlab.bench.servers.naive --port 9001 --engine 127.0.0.1:8473
@@ -45,7 +45,7 @@ def create_app(engine_target: str) -> FastAPI:
         async def events() -> AsyncIterator[str]:
             try:
                 async for event in stream:
-                    if await request.is_disconnected():  # the seed's per-token check
+                    if await request.is_disconnected():  # the textbook per-token check
                         return
                     if isinstance(event, pb.Finish):  # EngineStream stops after it
                         yield f"data: {writer.finish(event)}\n\ndata: [DONE]\n\n"
