@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,8 +15,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.auth import BearerAuth
 from services.gateway.engine_client import Engine, EngineClient
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, error_body, error_json, validation_problem
 from services.gateway.limits import BodySizeLimit
+from services.gateway.model_routes import router as model_router
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.polling_routes import router as polling_router
 from services.gateway.resume_routes import router as resume_router
@@ -23,19 +25,26 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.state import GatewayState
 from services.gateway.ws_routes import router as ws_router
 
+log = logging.getLogger("streamlab.gateway")
+
 
 def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
-    """The first problem, named: which field (dotted path) and what is wrong."""
+    """The first problem, named: which field (dotted path) and what is wrong.
+    Never the value itself: it may be anything, a lone surrogate included."""
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         message, param = f"request body is not valid JSON: {reason}", None
     else:
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        what = str(first.get("msg", "invalid request"))
-        message = f"{param}: {what}" if param else f"request body: {what}"
-    return {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": "invalid_request"}}
+        param, message = validation_problem(exc.errors())
+    return error_body(400, "invalid_request", message, param)
+
+
+class ErrorResponse(JSONResponse):
+    """An error's JSON, as ASCII: nothing a client sent can make it unencodable."""
+
+    def render(self, content: Any) -> bytes:
+        return error_json(content)
 
 
 def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastAPI:
@@ -65,25 +74,33 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
     # Added last, so it runs first: an unauthenticated request costs nothing.
     app.add_middleware(BearerAuth, keys=settings.api_keys)
     app.include_router(openai_router)
+    app.include_router(model_router)  # GET /v1/models, as OpenAI SDKs list them
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
     app.include_router(polling_router)  # /v1/jobs: short and long polling
     app.include_router(ws_router)  # /ws: one prompt in, one message per token
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        return ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(validation_error_body(exc), status_code=400)
+        return ErrorResponse(validation_error_body(exc), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own refusals (405, 404, a body that is not UTF-8) in the
         # same OpenAI-style shape as everything else.
-        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error",
-                          "param": None, "code": f"http_{exc.status_code}"}}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        body = error_body(exc.status_code, f"http_{exc.status_code}", str(exc.detail))
+        return ErrorResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, never a client's fault: logged with its traceback (Starlette
+        # re-raises it after this answer), and the client still gets JSON.
+        log.error("unhandled error on %s %s", request.method, request.url.path)
+        return ErrorResponse(error_body(500, "internal_error", "internal error in the gateway"),
+                             status_code=500)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

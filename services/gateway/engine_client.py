@@ -21,7 +21,7 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.errors import EngineError
+from services.gateway.errors import EngineError, redact_addresses
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -112,7 +112,7 @@ class EngineStream:
                                       "engine stream ended without a finish event")
                 if response.HasField("error"):
                     raise EngineError(502, response.error.code,
-                                      f"engine: {response.error.message}")
+                                      f"engine: {redact_addresses(response.error.message)}")
                 if response.HasField("finish"):
                     yield response.finish
                     return

@@ -6,6 +6,13 @@ request that started it. Who owns what:
 - `JobStore` owns every job and the task that pumps its engine stream
   (`_pump`); the task's done-callback closes the job's `EngineLease`
   (services/gateway/lease.py), so cancelling the task is what stops the engine.
+- A job belongs to the identity that started it (services/gateway/identity.py):
+  another identity's GET or DELETE gets the same 404 as an unknown id. While
+  it generates, the job holds one of its owner's slots (the per-client cap):
+  a job is engine work like a stream, even though it holds no connection; the
+  slot goes back when the generation ends (done, failed, deleted or expired),
+  not when the job is forgotten, so finished jobs waiting to be read cost a
+  client nothing but the TTL.
 - A polling request only reads a job (and, for long polling, waits on its
   `news` event); it never owns the stream, so a poller that leaves mid-wait
   cancels nothing.
@@ -54,7 +61,8 @@ def job_ttl(default_s: float, requested_s: float | None) -> float:
 class JobNotFound(GatewayError):
     def __init__(self, job_id: str) -> None:
         super().__init__(404, "job_not_found",
-                         f"job {job_id!r} does not exist (finished and expired, or never started)")
+                         f"job {job_id[:80]!r} does not exist (finished and expired, or never "
+                         "started)")
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Job:
     id: str
     request_id: str
     ttl_s: float  # seconds after its last poll; 0: never expires (the leak)
+    owner: str | None = None  # the identity that started it; None: anyone
     tokens: list[str] = field(default_factory=list)
     done: bool = False
     finish_reason: str | None = None
@@ -112,7 +121,7 @@ class JobStore:
     def start(self, lease: EngineLease, ttl_s: float | None = None) -> Job:
         """Own the open `lease` from now on (closed once the job's call is over).
         The job expires `ttl_s` after its last poll (the store's TTL when None)."""
-        job = Job(id=uuid.uuid4().hex, request_id=lease.request_id,
+        job = Job(id=uuid.uuid4().hex, request_id=lease.request_id, owner=lease.client_key,
                   ttl_s=self.ttl_s if ttl_s is None else ttl_s)
         job.task = asyncio.create_task(self._pump(job, lease), name=f"job-{job.id}")
 
@@ -131,9 +140,10 @@ class JobStore:
         self._metrics.held.set(len(self._jobs))
         return job
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, owner: str | None = None) -> Job:
+        """The job, if it exists and `owner` (when given) started it."""
         job = self._jobs.get(job_id)
-        if job is None:
+        if job is None or (owner is not None and job.owner not in (None, owner)):
             raise JobNotFound(job_id)
         job.last_seen = time.monotonic()
         return job
@@ -150,10 +160,9 @@ class JobStore:
             job.waiters -= 1
             job.last_seen = time.monotonic()
 
-    def delete(self, job_id: str) -> None:
-        job = self._jobs.pop(job_id, None)
-        if job is None:
-            raise JobNotFound(job_id)
+    def delete(self, job_id: str, owner: str | None = None) -> None:
+        job = self.get(job_id, owner)
+        del self._jobs[job.id]
         self._stop(job)
 
     def _stop(self, job: Job) -> None:

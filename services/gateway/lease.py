@@ -2,9 +2,10 @@
 WebSocket, polling) opens the engine through an `EngineLease`.
 
     lease.open()    admission, in this order, before anything starts:
-                      broken modes refused (400), prompt size (400),
-                      drain (503 + Retry-After), stream caps (429 + Retry-After,
-                      only for surfaces that hold a connection), then the
+                      broken modes refused (400), the model (404), prompt
+                      size (400), drain (503 + Retry-After), the caps (429 +
+                      Retry-After: every surface counts against its client's
+                      identity, services/gateway/identity.py), then the
                       engine call, accepted (or its refusal as an HTTP status);
                       a started call is tracked by the drain
     lease.events()  the call's events (tokens, then the finish, or one
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 class EngineLease:
     def __init__(self, gateway: GatewayState, body: ChatCompletionRequest, request_id: str,
                  client_key: str | None) -> None:
-        """`client_key` None: the surface holds no connection (a polling job),
-        so it takes no stream slot."""
+        """`client_key`: the client's identity, whose cap the call counts
+        against until the lease closes (None: no slot, for tests of the rest)."""
         self._gateway = gateway
         self._body = body
         self._request_id = request_id
@@ -56,6 +57,11 @@ class EngineLease:
         return self._stream
 
     @property
+    def client_key(self) -> str | None:
+        """The identity that asked: it owns the call (and a stream or job built on it)."""
+        return self._client_key
+
+    @property
     def request_id(self) -> str:
         """The engine's id for the call once open (it may echo its own), else ours."""
         return self._stream.request_id if self._stream is not None else self._request_id
@@ -66,10 +72,14 @@ class EngineLease:
         gateway, body = self._gateway, self._body
         settings = gateway.settings
         gateway.broken_modes.admit(body.streamlab)
-        prompt_chars = sum(len(m.content) for m in body.messages)
+        if body.model is not None and body.model not in gateway.models:
+            raise GatewayError(404, "model_not_found",
+                               f"the model {body.model[:80]!r} does not exist; GET /v1/models "
+                               "lists the ones served here", param="model")
+        prompt_chars = sum(len(m.text) for m in body.messages)
         if prompt_chars > settings.max_prompt_chars:
             raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "
-                             f"the limit is {settings.max_prompt_chars}")
+                             f"the limit is {settings.max_prompt_chars}", param="messages")
         if gateway.drain.draining:
             raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
                                headers={"Retry-After": str(settings.retry_after_s)})

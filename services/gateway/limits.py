@@ -4,32 +4,24 @@ Each open stream is a held connection and a pinned engine slot, so the
 gateway admits a stream only while it is under both the overall cap and the
 caller's own cap; past either it answers `429` with `Retry-After` before the
 first byte and before anything starts at the engine. The caller's key is its
-bearer token (hashed: keys end up in metrics and logs) or `X-Client-Id`.
+identity (services/gateway/identity.py); every kind of work takes a slot
+through its lease: an SSE or non-streaming request, a WebSocket, a resumable
+stream and a polling job, each until its generation ends.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 
-from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, error_json
 
 
 class TooManyStreams(GatewayError):
     def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(429, "too_many_streams", message)
-        self.headers = {"Retry-After": str(retry_after_s)}
-
-
-def client_key(request: HTTPConnection) -> str:  # a Request or a WebSocket
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer ") and len(auth) > 7:
-        return "token:" + hashlib.sha256(auth[7:].encode()).hexdigest()[:12]
-    return "client:" + request.headers.get("x-client-id", "anonymous")[:64]
+        super().__init__(429, "too_many_streams", message,
+                         headers={"Retry-After": str(retry_after_s)})
 
 
 class StreamSlot:
@@ -115,7 +107,7 @@ class BodySizeLimit:
     async def _refuse(self, send: Send) -> None:
         error = GatewayError(413, "body_too_large",
                              f"request body exceeds {self.max_bytes} bytes")
-        payload = json.dumps(error.body()).encode()
+        payload = error_json(error.body())
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})

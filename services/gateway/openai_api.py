@@ -26,29 +26,53 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
-MAX_DELAY_MS = 600_000
-UINT32_MAX = 2**32 - 1  # ten minutes: past that a "pause" is a hang, not a lab setting
+MAX_DELAY_MS = 600_000  # ten minutes: past that a "pause" is a hang, not a lab setting
+UINT32_MAX = 2**32 - 1
+INT64_MAX = 2**63 - 1
+# Request ids travel as gRPC metadata and HTTP headers: ASCII only (a `\w`
+# would let "café" through, which gRPC then refuses as invalid metadata).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:-]+$"
+
+
+def _encodable(text: str) -> str:
+    """Text goes on the wire as UTF-8; JSON's `\ud800` escape decodes to a
+    lone surrogate, which UTF-8 cannot carry (protobuf would fail: a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"holds a lone UTF-16 surrogate at character {exc.start}, "
+                         "which is not valid Unicode text") from None
+    return text
+
+
+# Every string a request carries onto the wire.
+WireText = Annotated[str, AfterValidator(_encodable)]
+
+# OpenAI's types are strict: `"max_tokens": "10"`, `true` or `"stream": "yes"`
+# are errors there, so they are here (pydantic's lax mode would coerce them).
+STRICT = ConfigDict(strict=True, extra="forbid")
 
 
 class Pause(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     after_token: int = Field(ge=0, le=UINT32_MAX)
     pause_ms: int = Field(ge=0, le=MAX_DELAY_MS)
 
 
 class StreamlabOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     prefill_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
     token_gap_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
     answer_tokens: int | None = Field(None, ge=1, le=100_000)
     pauses: list[Pause] = Field(default_factory=list, max_length=1000)
-    request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\w.:-]+$")
+    request_id: str | None = Field(None, min_length=1, max_length=128,
+                                   pattern=REQUEST_ID_PATTERN)
     # How the gateway relays this stream: `direct` (the body reads the call, so
     # flow control and cancellation reach the engine) or the broken
     # `detached_unbounded` (services/gateway/broken_modes.py).
@@ -68,33 +92,91 @@ class StreamlabOptions(BaseModel):
         return 0.0 if self.heartbeat_s == 0 else max(self.heartbeat_s, 0.05)
 
 
+class ContentPart(BaseModel):
+    """One part of OpenAI's array form of `content`. Text parts are joined;
+    any other kind (images, audio, files) is refused: no backend here reads it."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: WireText | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":
+            raise ValueError(f"content parts of type {kind[:40]!r} are not supported "
+                             "(only \"text\")")
+        return kind
+
+
 class Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # name, tool_calls, ...
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: WireText | list[ContentPart]
+
+    @field_validator("content")
+    @classmethod
+    def _parts_have_text(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+        if isinstance(content, list) and any(part.text is None for part in content):
+            raise ValueError("a text content part needs a \"text\" string")
+        return content
+
+    @property
+    def text(self) -> str:
+        """The content as one string: the text parts joined by newlines (as vLLM does)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text or "" for part in self.content)
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
-    # OpenAI clients send many sampling fields the fake model has no use for.
-    model_config = ConfigDict(extra="ignore")
-    model: str = "streamlab-fake"
+    # Unknown fields are ignored (OpenAI clients send many: `user`, `logprobs`,
+    # ...); the ones read here are typed as strictly as OpenAI's.
+    model_config = ConfigDict(strict=True, extra="ignore")
+    # None: the gateway's model. Another name is a 404 (`model_not_found`,
+    # services/gateway/lease.py), as OpenAI answers.
+    model: WireText | None = Field(None, max_length=256)
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     # Bounded by the wire type; the engine names its own, lower limit.
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    # One choice per request: `n` > 1 is refused rather than half-served.
+    n: int | None = None
     stream_options: StreamOptions | None = None
     # OpenAI's `stop`: one string or a list. The engine owns the rules (at most
     # 4, each 1-256 characters: a named 400 otherwise) and applies them for
     # every backend (services/engine/stop.py).
-    stop: str | list[str] | None = None
+    stop: WireText | list[WireText] | None = None
+    # Sampling, with OpenAI's ranges: forwarded on the wire (SamplingOptions);
+    # the fake model records them, the hf and upstream backends use them.
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     streamlab: StreamlabOptions | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(f"n={n} is not supported: this gateway returns one choice "
+                             "per request (send n requests instead)")
+        return n
 
     def stop_sequences(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling(self) -> pb.SamplingOptions | None:
+        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        chosen = {name: value for name, value in fields.items() if value is not None}
+        return pb.SamplingOptions(**chosen) if chosen else None
 
     def to_engine_request(self, request_id: str) -> pb.GenerateRequest:
         options = self.streamlab or StreamlabOptions()
@@ -107,11 +189,15 @@ class ChatCompletionRequest(BaseModel):
         )
         return pb.GenerateRequest(
             request_id=request_id,
-            messages=[pb.ChatMessage(role=m.role, content=m.content) for m in self.messages],
+            messages=[pb.ChatMessage(role=m.role, content=m.text) for m in self.messages],
             max_tokens=self.max_completion_tokens or self.max_tokens or 0,
             timing=timing,
             stop=self.stop_sequences(),
+            sampling=self.sampling(),
         )
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
 
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}

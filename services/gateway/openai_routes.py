@@ -28,7 +28,6 @@ from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import BadRequest, EngineError
 from services.gateway.lease import EngineLease
-from services.gateway.limits import client_key
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import (
     ChatCompletionRequest,
@@ -40,7 +39,7 @@ from services.gateway.sse_response import event_stream
 from services.gateway.state import GatewayDep
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
-_REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # ASCII: it becomes gRPC metadata
 
 router = APIRouter()
 T = TypeVar("T")
@@ -48,9 +47,10 @@ T = TypeVar("T")
 
 def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
     header = request.headers.get("x-request-id")
-    if header is not None and not _REQUEST_ID.match(header):
+    if header is not None and not _REQUEST_ID.fullmatch(header):
         raise BadRequest("invalid_request_id",
-                         "X-Request-Id must be 1-128 characters of [A-Za-z0-9_.:-]")
+                         "X-Request-Id must be 1-128 characters of [A-Za-z0-9_.:-]",
+                         param="X-Request-Id")
     if header:
         return header
     if body.streamlab and body.streamlab.request_id:
@@ -62,7 +62,7 @@ def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            gateway: GatewayDep) -> Response:
     settings = gateway.settings
-    lease = gateway.lease(body, request_id_for(request, body), client_key(request))
+    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request))
     if not body.stream:
         async with lease as stream:
             headers = {"X-Request-Id": stream.request_id}

@@ -14,6 +14,10 @@ Every GET answers `{"tokens": [...], "next": N', "done": bool,
 "finish_reason": ..., "error": ...}`; the client asks again with
 `since=next`. The engine call is opened before the 201, so a refused or
 unreachable engine is an HTTP status on the POST, as on the SSE route.
+
+A job belongs to the identity that started it (services/gateway/identity.py):
+another identity's GET or DELETE is a 404. While it generates it holds one of
+its owner's slots, as a stream does (services/gateway/jobs.py says why).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ router = APIRouter()
 @router.post("/v1/jobs", status_code=201)
 async def start_job(body: ChatCompletionRequest, request: Request,
                     gateway: GatewayDep) -> JSONResponse:
-    # The SSE route's admission, but no stream slot: a job is not an open connection.
-    lease = gateway.lease(body, request_id_for(request, body), client_key=None)
+    # The SSE route's admission and caps: the job holds a slot while it generates.
+    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request))
     ttl_s = job_ttl(gateway.settings.job_ttl_s,
                     body.streamlab.job_ttl_s if body.streamlab else None)
     await lease.open()
@@ -50,17 +54,18 @@ async def start_job(body: ChatCompletionRequest, request: Request,
 @router.get("/v1/jobs/{job_id}")
 async def poll_job(
     job_id: str,
+    request: Request,
     gateway: GatewayDep,
     since: Annotated[int, Query(ge=0)] = 0,
     wait_s: Annotated[float, Query(ge=0)] = 0.0,
 ) -> dict[str, Any]:
-    job = gateway.jobs.get(job_id)
+    job = gateway.jobs.get(job_id, gateway.identity(request))
     if wait_s > 0:
         await gateway.jobs.wait(job, since, min(wait_s, gateway.settings.long_poll_max_s))
     return job.view(since)
 
 
 @router.delete("/v1/jobs/{job_id}", status_code=204)
-async def cancel_job(job_id: str, gateway: GatewayDep) -> Response:
-    gateway.jobs.delete(job_id)
+async def cancel_job(job_id: str, request: Request, gateway: GatewayDep) -> Response:
+    gateway.jobs.delete(job_id, gateway.identity(request))
     return Response(status_code=204)

@@ -43,7 +43,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import BadRequest, GatewayError
-from services.gateway.limits import client_key
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.replay_log import BadEventId, event_id, is_stream_id, parse_event_id
 from services.gateway.settings import GatewaySettings
@@ -94,7 +93,7 @@ async def create_stream(body: CreateStreamRequest, request: Request,
     # The same admission and stream caps as the OpenAI route: a resumable
     # generation holds its slot until it ends (not until its connection does).
     # A drain waits for the generation (not for its readers), then cancels it.
-    lease = gateway.lease(body, stream_id, client_key(request))
+    lease = gateway.lease(body, stream_id, gateway.identity(request))
     lease.admit()
     registry.ensure_capacity()
     await lease.open()
@@ -108,24 +107,26 @@ async def create_stream(body: CreateStreamRequest, request: Request,
         status_code=201, headers={"Location": events_url, "X-Request-Id": stream_id})
 
 
-def _find(registry: StreamRegistry, stream_id: str) -> ResumableStream:
+def _find(registry: StreamRegistry, stream_id: str, owner: str) -> ResumableStream:
+    """The stream, if `owner` created it: another identity learns nothing, not
+    even that the id exists (404, never 403 or 410)."""
     stream = registry.get(stream_id) if is_stream_id(stream_id) else None
-    if stream is not None:
+    if stream is not None and stream.owner in (None, owner):
         return stream
-    if registry.was_evicted(stream_id):
+    if stream is None and registry.was_evicted(stream_id):
         raise GatewayError(410, "stream_expired",
                            f"stream {stream_id} ended and its replay TTL ran out")
     raise GatewayError(404, "unknown_stream", f"no stream {stream_id[:80]!r}")
 
 
 @router.get("/v1/streams/{stream_id}")
-async def stream_status(stream_id: str, gateway: GatewayDep) -> JSONResponse:
-    return JSONResponse(_find(gateway.streams, stream_id).snapshot())
+async def stream_status(stream_id: str, request: Request, gateway: GatewayDep) -> JSONResponse:
+    return JSONResponse(_find(gateway.streams, stream_id, gateway.identity(request)).snapshot())
 
 
 @router.delete("/v1/streams/{stream_id}")
-async def cancel_stream(stream_id: str, gateway: GatewayDep) -> JSONResponse:
-    stream = _find(gateway.streams, stream_id)
+async def cancel_stream(stream_id: str, request: Request, gateway: GatewayDep) -> JSONResponse:
+    stream = _find(gateway.streams, stream_id, gateway.identity(request))
     stream.cancel("client_cancelled")
     return JSONResponse(stream.snapshot())
 
@@ -157,7 +158,7 @@ async def stream_events(
                                       description="for clients that cannot set headers"),
 ) -> Response:
     registry = gateway.streams
-    stream = _find(registry, stream_id)
+    stream = _find(registry, stream_id, gateway.identity(request))
     # The header wins: a browser's EventSource sends it on every reconnect,
     # while a query parameter baked into the URL would stay at its first value.
     raw = request.headers.get("last-event-id") or last_event_id

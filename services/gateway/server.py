@@ -54,5 +54,10 @@ def main() -> None:
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             # The drain already waited; this only bounds stragglers.
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5,
+                            # The client's address, for its identity without auth
+                            # (services/gateway/identity.py): from X-Forwarded-For
+                            # when the peer is the proxy in front (nginx sets it).
+                            proxy_headers=True,
+                            forwarded_allow_ips=settings.forwarded_allow_ips)
     DrainingServer(config, app.state.gateway.drain).run()

@@ -55,8 +55,24 @@ class GatewaySettings(BaseSettings):
     # be able to pick a leak. The lab (streamlab/lab.py, compose.yaml) turns
     # it on, since showing them is what it is for.
     allow_broken_modes: bool = False
-    # Model name reported in responses.
+    # Model name reported in responses and listed by GET /v1/models.
     model_name: str = "streamlab-fake"
+    # Other names a request's `model` may use for it (the lab's clients send
+    # "streamlab-fake" whatever the backend); any other name is a 404
+    # `model_not_found`, and no `model` at all means this one.
+    model_aliases: list[str] = Field(default_factory=lambda: ["streamlab-fake"])
+
+    # ---- who is asking (services/gateway/identity.py) -----------------------------
+    # The client's identity for the per-client caps and for who owns a stream or
+    # a job: the bearer key (hashed) when auth is on, else the client's address.
+    # The address is the peer's, or the one the proxy in front forwards
+    # (X-Forwarded-For, which nginx sets) when the peer is one of these
+    # addresses (uvicorn's `forwarded_allow_ips`; "*" trusts every peer).
+    forwarded_allow_ips: str = "127.0.0.1"
+    # Trust the client's own `X-Client-Id` header as its identity (without
+    # auth): only behind something that sets or checks it, since any client
+    # can claim any id.
+    trust_client_id_header: bool = False
 
     # ---- the resume surface (/v1/streams; services/gateway/streams.py) ----------
     # How long a generation keeps running with nobody attached after a client

@@ -5,7 +5,8 @@
     settings      GatewaySettings, built in main() and passed down
     metrics       the app's own Prometheus registry
     drain         live engine calls, for a graceful shutdown
-    limiter       stream caps, overall and per client
+    limiter       the caps on work in flight, overall and per client identity
+    models        the model names a request may ask for
     broken_modes  the lab's broken modes: refused or applied, per request
     streams       the resume surface's registry (/v1/streams)
     jobs          the polling surface's job store (/v1/jobs)
@@ -23,6 +24,7 @@ from starlette.requests import HTTPConnection
 from services.gateway.broken_modes import BrokenModes
 from services.gateway.drain import Drain
 from services.gateway.engine_client import Engine
+from services.gateway.identity import client_identity
 from services.gateway.jobs import JobMetrics, JobStore
 from services.gateway.lease import EngineLease
 from services.gateway.limits import StreamLimiter
@@ -42,6 +44,7 @@ class GatewayState:
         self.broken_modes = BrokenModes(settings.allow_broken_modes)
         self.streams = StreamRegistry(settings, self.metrics.registry)
         self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry))
+        self.models = frozenset([settings.model_name, *settings.model_aliases])
         self._engine = engine
 
     @property
@@ -57,6 +60,9 @@ class GatewayState:
     @property
     def has_engine(self) -> bool:
         return self._engine is not None
+
+    def identity(self, connection: HTTPConnection) -> str:
+        return client_identity(connection, self.settings)
 
     def lease(self, body: ChatCompletionRequest, request_id: str,
               client_key: str | None) -> EngineLease:

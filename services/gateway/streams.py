@@ -27,6 +27,8 @@ stream holds the call's `EngineLease` and closes it when the generation ends):
   A running stream always keeps its newest event, so the total can exceed the
   budget by at most one event per running stream (and those are capped).
 - The registry's `close()` (gateway shutdown) cancels every running stream.
+- A stream belongs to the identity that created it; the routes answer any
+  other identity 404, as for an id that never existed.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class ResumableStream:
     def __init__(self, stream_id: str, lease: EngineLease, log: ReplayLog,
                  policy: StreamPolicy, registry: StreamRegistry) -> None:
         self.id = stream_id
+        # The identity that created it (services/gateway/identity.py): only it
+        # may read, resume or stop the stream; anyone else gets 404.
+        self.owner = lease.client_key
         self.log = log
         self.policy = policy
         self.state = GenerationState.RUNNING

@@ -173,7 +173,7 @@ def _scenario(name: str, fault: str, summary: str, bound: Callable[[Timing], flo
             Setup(knobs={"fault": fault, "engine_errors": "report"}),
             (Check("fault_injected", "==", True),
              Check("done", "==", False, "no [DONE]: nobody takes the cut for a whole answer"),
-             Check("error_type", "==", "engine_error", "an OpenAI-style error event"),
+             Check("error_type", "==", "server_error", "an OpenAI-style error event"),
              Check("ended_after_fault_s", "<=", bound, "the client is told within the bound"),
              Check("engine_state", "==", "cancelled",
                    "and the engine stopped: nothing generates on for nobody")),

@@ -103,7 +103,7 @@ async def test_engine_hop_fault_ends_the_stream_with_an_error_event(
     assert result.status == 200  # the fault came after the first byte...
     assert not result.done  # ...so no [DONE]: nobody may take the cut for a whole answer
     assert result.error is not None
-    assert result.error.get("type") == "engine_error", result.error
+    assert result.error.get("type") == "server_error", result.error
     assert 1 <= len(result.texts) < 400
     assert took < fault.detect_within_s
 

@@ -40,7 +40,7 @@ def create_app(engine_target: str) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> StreamingResponse:
         request_id = uuid.uuid4().hex
         stream = await request.app.state.engine.open(body.to_engine_request(request_id))
-        writer = ChunkWriter(request_id, body.model)
+        writer = ChunkWriter(request_id, body.model or "streamlab-fake")
 
         async def events() -> AsyncIterator[str]:
             try:

@@ -74,6 +74,7 @@ class EndlessLease:
     """Stands in for the lease of an engine call that never ends: the pump waits on it."""
 
     request_id = "endless"
+    client_key = "addr:127.0.0.1"
 
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
