@@ -87,9 +87,33 @@ def http_error(status_code: int, body: bytes) -> BackendError:
                         status=status_for_http(status_code))
 
 
+@dataclass(frozen=True)
+class UpstreamOptions:
+    """What this backend reads from the wire request: the client's sampling
+    options (sent on as OpenAI's fields), and the fake model's timing when
+    it forwards it."""
+
+    timing: FakeTiming | None = None
+    sampling: tuple[tuple[str, float | int], ...] = ()
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
+
+
+def read_sampling(request: pb.GenerateRequest) -> tuple[tuple[str, float | int], ...]:
+    """The sampling options the client set (unset ones: the upstream's defaults)."""
+    if not request.HasField("sampling"):
+        return ()
+    sampling = request.sampling
+    return tuple((name, getattr(sampling, name)) for name in SAMPLING_FIELDS
+                 if sampling.HasField(name))
+
+
 def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings,
-                 timing: FakeTiming | None = None) -> dict[str, Any]:
-    """The upstream's request body; `timing`, when given, goes as the `streamlab` field."""
+                 timing: FakeTiming | None = None,
+                 sampling: tuple[tuple[str, float | int], ...] = ()) -> dict[str, Any]:
+    """The upstream's request body; `timing`, when given, goes as the `streamlab`
+    field; `sampling` as OpenAI's own fields."""
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     if not messages:
         messages = [{"role": "user", "content": request.prompt}]
@@ -103,6 +127,7 @@ def request_body(request: GenerationInput, settings: OpenAIUpstreamSettings,
         # The upstream stops its own decoding (the GPU saving); the engine's
         # matcher still applies, so the text is cut the same either way.
         body["stop"] = list(request.stop)
+    body.update(sampling)
     if timing is not None:
         body["streamlab"] = {
             "prefill_ms": timing.prefill_ms, "token_gap_ms": timing.token_gap_ms,
@@ -162,14 +187,15 @@ class OpenAIUpstream:
                                   pool=settings.connect_timeout_s),
         )
 
-    def options(self, request: pb.GenerateRequest) -> FakeTiming | None:
-        """The fake model's timing to forward (a chained streamlab lab), else None."""
-        if not self._settings.forward_streamlab_timing:
-            return None
-        return read_timing(request, self._fake_defaults)
+    def options(self, request: pb.GenerateRequest) -> UpstreamOptions:
+        """The client's sampling options, and the fake model's timing to forward
+        (a chained streamlab lab) when asked to."""
+        timing = (read_timing(request, self._fake_defaults)
+                  if self._settings.forward_streamlab_timing else None)
+        return UpstreamOptions(timing, read_sampling(request))
 
     async def generate(
-        self, request: GenerationInput, timing: FakeTiming | None, tracker: TokenTracker
+        self, request: GenerationInput, options: UpstreamOptions, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
         produced = 0
         finish: str | None = None
@@ -177,7 +203,8 @@ class OpenAIUpstream:
         done = False
         try:
             async with self._client.stream(
-                "POST", self._url, json=request_body(request, self._settings, timing),
+                "POST", self._url, json=request_body(request, self._settings, options.timing,
+                                                    options.sampling),
                 headers={"X-Request-Id": request.request_id},
             ) as response:
                 if response.status_code != 200:
@@ -222,7 +249,7 @@ class OpenAIUpstream:
         )
 
     def finished_by_length(
-        self, request: GenerationInput, timing: FakeTiming | None, produced: int
+        self, request: GenerationInput, options: UpstreamOptions, produced: int
     ) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
 

@@ -92,9 +92,9 @@ async def test_fake_timing_is_forwarded_only_when_asked() -> None:
     forwarding = OpenAIUpstream(
         OpenAIUpstreamSettings(base_url="http://x/v1", forward_streamlab_timing=True), defaults)
     try:
-        assert plain.options(request) is None
+        assert plain.options(request).timing is None
         # The request's fields, and this engine's fake defaults for those it left unset.
-        assert forwarding.options(request) == TIMING
+        assert forwarding.options(request).timing == TIMING
     finally:
         await plain.aclose()
         await forwarding.aclose()
@@ -122,3 +122,22 @@ def test_stop_sequences_go_upstream_only_when_asked_for() -> None:
     settings = OpenAIUpstreamSettings(base_url="http://x/v1")
     assert "stop" not in request_body(generation(), settings)
     assert request_body(generation(stop=("\n\n", "END")), settings)["stop"] == ["\n\n", "END"]
+
+
+@pytest.mark.anyio
+async def test_the_client_s_sampling_options_go_to_the_upstream_as_openai_s_fields() -> None:
+    """temperature, top_p, seed, ... were dropped at the gateway; now they ride
+    the wire (GenerateRequest.sampling) and this backend sends the ones set."""
+    request = pb.GenerateRequest(prompt="x", sampling=pb.SamplingOptions(
+        temperature=0.25, seed=7, frequency_penalty=-1.5))
+    upstream = OpenAIUpstream(OpenAIUpstreamSettings(base_url="http://x/v1"),
+                              FakeModelDefaults(prefill_ms=0, token_gap_ms=0, answer_tokens=1))
+    try:
+        options = upstream.options(request)
+        body = request_body(generation(), OpenAIUpstreamSettings(base_url="http://x/v1"),
+                            options.timing, options.sampling)
+        assert (body["temperature"], body["seed"], body["frequency_penalty"]) == (0.25, 7, -1.5)
+        assert "top_p" not in body  # unset: the upstream's default
+        assert upstream.options(pb.GenerateRequest(prompt="x")).sampling == ()
+    finally:
+        await upstream.aclose()
