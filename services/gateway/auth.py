@@ -36,8 +36,10 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008,
-                        "reason": "missing or invalid bearer token"})
+            # 1008, policy violation; before the handshake completes uvicorn
+            # answers it as an HTTP 403.
+            await send({"type": "websocket.close", "code": 1008, "reason": json.dumps(
+                {"code": "invalid_api_key", "type": "invalid_request_error"})})
             return
         body = json.dumps({"error": {
             "message": "missing or invalid bearer token (Authorization: Bearer <key>)",

@@ -77,7 +77,8 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 
 def validation_problem(errors: Sequence[Mapping[str, Any]],
-                       skip: tuple[str, ...] = ("body",)) -> tuple[str | None, str]:
+                       skip: tuple[str, ...] = ("body", "query", "path", "header")
+                       ) -> tuple[str | None, str]:
     """The first problem of a pydantic validation, as (param, message): the
     field's dotted path (OpenAI's `param`) and what is wrong with it, never
     the value itself (it may be anything, a lone surrogate included)."""

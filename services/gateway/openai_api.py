@@ -142,7 +142,7 @@ class ChatCompletionRequest(BaseModel):
     # services/gateway/lease.py), as OpenAI answers.
     model: WireText | None = Field(None, max_length=256)
     messages: list[Message] = Field(min_length=1)
-    stream: bool = False
+    stream: bool | None = False  # OpenAI allows null: not streaming
     # Bounded by the wire type; the engine names its own, lower limit.
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)

@@ -270,3 +270,11 @@ def test_an_engine_limit_on_the_websocket_is_1007_not_1011() -> None:
     assert (code, reason["code"]) == (1007, "invalid_argument")
     assert error is not None
     assert "4096" in error["error"]["message"]
+
+
+async def test_a_bad_query_parameter_names_itself_as_param() -> None:
+    async with running() as gw:
+        job = (await gw.http.post("/v1/jobs", json=chat())).json()["id"]
+        for query, param in [({"since": "abc"}, "since"), ({"wait_s": "-1"}, "wait_s")]:
+            response = await gw.http.get(f"/v1/jobs/{job}", params=query)
+            assert_openai_error(response, 400, param=param)
