@@ -132,7 +132,8 @@ fi
 # ---- free host ports; the suite's service settings ------------------------------------
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
-names = ["EDGE", "NGINX", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API", "GATEWAY", "ENGINE"]
+names = ["EDGE", "EDGE_H2", "NGINX", "NGINX_H2", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API",
+         "GATEWAY", "ENGINE"]
 socks = [socket.socket() for _ in names]
 for s in socks:
     s.bind(("127.0.0.1", 0))
@@ -150,6 +151,10 @@ for service, env in (("engine", TEST_ENGINE_ENV), ("gateway", TEST_GATEWAY_ENV))
         out.writelines(f"{key}={value}\n" for key, value in env.items())
 EOF
 export STREAMLAB_ENGINE_ENV_FILE="$RUN_DIR/engine.env" STREAMLAB_GATEWAY_ENV_FILE="$RUN_DIR/gateway.env"
+# The lab CA and nginx's certificate for the TLS + HTTP/2 listener, this run's own
+# (compose.yaml mounts STREAMLAB_TLS_DIR into nginx; the keys go with RUN_DIR).
+.venv/bin/streamlab compose tls --dir "$RUN_DIR/tls" >/dev/null
+export STREAMLAB_TLS_DIR="$RUN_DIR/tls"
 
 # ---- build, up, test ---------------------------------------------------------------
 t0=$SECONDS

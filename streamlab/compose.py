@@ -23,6 +23,7 @@ from dotenv import dotenv_values
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab import processes
+from streamlab.compose_config import TLS_DIR
 from streamlab.endpoints import ORDER, Endpoints
 from streamlab.lab import LabOptions
 from streamlab.topology import REPO_ROOT, Ports
@@ -92,6 +93,11 @@ class ComposeLab(Endpoints):
             gateway_env=read_env_file(service_env_file("gateway")))
         self.run_dir = self.options.run_dir
         self.settings = settings or ComposeSettings()
+
+    @property
+    def tls_dir(self) -> Path:
+        """The certificates compose.yaml mounts into nginx (`streamlab compose tls`)."""
+        return Path(os.environ.get("STREAMLAB_TLS_DIR", TLS_DIR))
 
     @classmethod
     def from_env(cls) -> ComposeLab:

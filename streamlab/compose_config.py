@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from streamlab import nginx
+from streamlab import nginx, tls
 from streamlab.topology import LAB_ENV, REPO_ROOT, Ports, hops
 from streamlab.toxiproxy import ProxySpec
 
@@ -25,6 +25,15 @@ NGINX_CONFIG = REPO_ROOT / "proxies" / "nginx" / "compose.conf"
 TOXIPROXY_SERVICE = "toxiproxy"
 # Where the nginx image keeps its pid file and temp dirs (made by its Dockerfile).
 NGINX_RUN_DIR = "/var/lib/streamlab-nginx"
+# The lab CA and nginx's certificate for the compose lab's TLS + HTTP/2 listener:
+# written by `streamlab compose tls` (scripts/compose_test.sh runs it) into a
+# git-ignored folder, mounted read-only into the nginx container. Without them
+# nginx's include matches nothing and the compose lab serves plain HTTP only.
+TLS_DIR = REPO_ROOT / "proxies" / "nginx" / "tls"
+CONTAINER_TLS_DIR = "/etc/streamlab/tls"
+# Who reaches the compose nginx by name: the host (published ports) and the
+# client container (through toxiproxy).
+TLS_NAMES = (*tls.LOCAL_NAMES, TOXIPROXY_SERVICE, "nginx")
 # Containers listen on every interface of their own network namespace; only
 # the published ports (127.0.0.1 on the host) are reachable from outside.
 LISTEN_HOST = "0.0.0.0"
@@ -67,12 +76,22 @@ def nginx_config(ports: Ports, options: nginx.NginxOptions | None = None) -> str
         "user_directive": "",
         "listen_host": LISTEN_HOST,
         "listen_port": str(ports.nginx_port),
+        "tls_dir": CONTAINER_TLS_DIR,
         # nginx reaches the gateway through Toxiproxy's "upstream" listener.
         "upstream_host": TOXIPROXY_SERVICE,
         "upstream_port": str(ports.upstream_port),
         "read_timeout_s": f"{options.read_timeout_s:g}",
         "short_read_timeout_s": f"{options.short_read_timeout_s:g}",
     })
+
+
+def write_tls(tls_dir: Path = TLS_DIR) -> tls.LabTls:
+    """The compose lab's CA and server certificate (kept if present), and the
+    nginx lines that turn its TLS + HTTP/2 listener on, with container paths."""
+    made = tls.ensure(tls_dir, TLS_NAMES)
+    tls.write_nginx_snippet(made, f"{LISTEN_HOST}:{container_ports().nginx_h2_port}",
+                            cert_dir=CONTAINER_TLS_DIR)
+    return made
 
 
 def generated() -> dict[Path, str]:

@@ -14,7 +14,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamlab.topology import Ports, edge_url, hops
+from streamlab.tls import LabTls
+from streamlab.topology import Ports, edge_h2_url, edge_url, hops
 from streamlab.toxiproxy import ProxySpec, Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
@@ -49,6 +50,19 @@ class Endpoints:
         return edge_url(self.ports)
 
     @property
+    def edge_h2_url(self) -> str:
+        return edge_h2_url(self.ports)
+
+    @property
+    def tls(self) -> LabTls:
+        """The lab CA and nginx's certificate (local lab: `<run_dir>/tls`)."""
+        return LabTls(self.tls_dir)
+
+    @property
+    def tls_dir(self) -> Path:
+        raise NotImplementedError  # each lab says where its certificates are
+
+    @property
     def nginx_url(self) -> str:
         return f"http://{self.ports.host}:{self.ports.nginx_port}"
 
@@ -71,6 +85,7 @@ class Endpoints:
     def urls(self) -> dict[str, str]:
         return {
             "edge": self.edge_url,
+            "edge-h2": self.edge_h2_url,
             "nginx": self.nginx_url,
             "gateway": self.gateway_url,
             "toxiproxy": self.toxiproxy_url,
@@ -104,6 +119,16 @@ class Endpoints:
     def chain_ready(self) -> bool:
         """The whole chain, through every hop: edge → nginx → gateway → engine."""
         return http_ok(f"{self.edge_url}/readyz")
+
+    def h2_ready(self) -> bool:
+        """The HTTP/2 edge answers over TLS with the lab CA's certificate and
+        negotiates h2 (a compose lab started without certificates has none)."""
+        if not self.tls.exists():
+            return False
+        with httpx.Client(http2=True, verify=self.tls.ssl_context(),
+                          timeout=PROBE_TIMEOUT_S) as client:
+            response = client.get(f"{self.edge_h2_url}/nginx-health")
+        return response.status_code == 200 and response.http_version == "HTTP/2"
 
     def engine_healthy(self) -> bool:
         with grpc.insecure_channel(self.engine_target) as channel:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from streamlab import nginx, processes
+from streamlab import nginx, processes, tls
 from streamlab.endpoints import ORDER, Endpoints
 from streamlab.processes import Running, ServiceSpec, StartError
 from streamlab.topology import REPO_ROOT, Ports
@@ -116,11 +116,20 @@ class Lab(Endpoints):
             ),
         }
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.run_dir / "tls"
+
     def write_configs(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "toxiproxy.json").write_text(
             json.dumps([s.as_json() for s in self.proxy_specs()], indent=2))
-        nginx.write_config(self.ports, self.run_dir / "nginx", self.options.nginx)
+        # The lab CA: made on the first `up`, kept after (docs/http2.md says how
+        # to trust it); the server certificate covers this lab's host.
+        names = tuple(dict.fromkeys((*tls.LOCAL_NAMES, self.ports.host)))
+        tls.write_nginx_snippet(tls.ensure(self.tls_dir, names),
+                                f"{self.ports.host}:{self.ports.nginx_h2_port}")
+        nginx.write_config(self.ports, self.run_dir / "nginx", self.options.nginx, self.tls_dir)
 
     # ---- lifecycle -----------------------------------------------------------
     def up(self) -> None:

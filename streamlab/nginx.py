@@ -30,8 +30,11 @@ def render(template: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(substitute, template)
 
 
-def write_config(ports: Ports, run_dir: Path, options: NginxOptions) -> Path:
-    """Write nginx.conf (and its temp dirs) under run_dir; return the config path."""
+def write_config(ports: Ports, run_dir: Path, options: NginxOptions,
+                 tls_dir: Path | None = None) -> Path:
+    """Write nginx.conf (and its temp dirs) under run_dir; return the config path.
+    `tls_dir` holds streamlab/tls.py's `nginx-h2.conf` (the TLS + HTTP/2 listener),
+    which the config includes; without one nginx listens on the plain port only."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "tmp").mkdir(exist_ok=True)
     text = render(TEMPLATE.read_text(), {
@@ -42,6 +45,7 @@ def write_config(ports: Ports, run_dir: Path, options: NginxOptions) -> Path:
         "user_directive": "user root;" if os.geteuid() == 0 else "",
         "listen_host": ports.host,
         "listen_port": str(ports.nginx_port),
+        "tls_dir": str(tls_dir or run_dir / "no-tls"),
         "upstream_host": ports.host,
         "upstream_port": str(ports.upstream_port),
         "read_timeout_s": f"{options.read_timeout_s:g}",

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from streamlab.lab import LabOptions
+    from streamlab.tls import LabTls
     from streamlab.topology import Ports
     from streamlab.toxiproxy import Toxiproxy
     from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -51,6 +52,20 @@ class LabTarget(Protocol):
     @property
     def edge_url(self) -> str:
         """Where clients connect: the whole chain, every hop's toxics on the way."""
+        ...
+
+    @property
+    def edge_h2_url(self) -> str:
+        """The HTTP/2 edge: https, through Toxiproxy "edge-h2" to nginx's TLS listener."""
+        ...
+
+    @property
+    def tls(self) -> LabTls:
+        """The lab CA a client trusts for edge_h2_url (docs/http2.md)."""
+        ...
+
+    def h2_ready(self) -> bool:
+        """The HTTP/2 edge answers and negotiates h2."""
         ...
 
     @property

@@ -25,7 +25,9 @@ class Ports(BaseSettings):
 
     host: str
     edge_port: int
+    edge_h2_port: int
     nginx_port: int
+    nginx_h2_port: int
     upstream_port: int
     engine_proxy_port: int
     toxiproxy_api_port: int
@@ -50,13 +52,16 @@ class Hop:
 
 
 # The faultable hops by name, client side first (as hops() builds them).
-HOP_NAMES = ("edge", "upstream", "engine")
+HOP_NAMES = ("edge", "edge-h2", "upstream", "engine")
 
 
-def hops(ports: Ports) -> tuple[Hop, Hop, Hop]:
-    """The three faultable hops, client side first."""
+def hops(ports: Ports) -> tuple[Hop, ...]:
+    """The faultable hops, client side first. Two edges into nginx: the plain
+    HTTP/1.1 listener and the TLS + HTTP/2 one (a TCP proxy passes TLS through
+    unchanged, so its toxics act on the encrypted bytes)."""
     return (
         Hop("edge", ports.edge_port, ports.nginx_port, "nginx"),
+        Hop("edge-h2", ports.edge_h2_port, ports.nginx_h2_port, "nginx"),
         Hop("upstream", ports.upstream_port, ports.gateway_port, "gateway"),
         Hop("engine", ports.engine_proxy_port, ports.engine_port, "engine"),
     )
@@ -64,3 +69,8 @@ def hops(ports: Ports) -> tuple[Hop, Hop, Hop]:
 
 def edge_url(ports: Ports) -> str:
     return f"http://{ports.host}:{ports.edge_port}"
+
+
+def edge_h2_url(ports: Ports) -> str:
+    """The HTTP/2 edge: TLS with the lab CA's certificate (streamlab/tls.py)."""
+    return f"https://{ports.host}:{ports.edge_h2_port}"

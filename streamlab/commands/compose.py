@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +11,8 @@ from rich.console import Console
 from streamlab import compose_config
 from streamlab.topology import REPO_ROOT
 
-app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy configs.",
+app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy configs and "
+                  "certificates.",
                   no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
@@ -32,3 +34,16 @@ def config(
         return
     for path in compose_config.write():
         console.print(f"wrote {path.relative_to(REPO_ROOT)}")
+
+
+@app.command()
+def tls(
+    directory: Annotated[str, typer.Option(
+        "--dir", help="Where to write them (compose.yaml mounts STREAMLAB_TLS_DIR, "
+                      "default proxies/nginx/tls).")] = str(compose_config.TLS_DIR),
+) -> None:
+    """Make the compose lab's CA and nginx certificate (kept if present): with them
+    nginx's TLS + HTTP/2 listener comes up (docs/http2.md). Keys stay in DIR,
+    which git ignores."""
+    made = compose_config.write_tls(Path(directory))
+    console.print(f"CA: {made.ca_cert} (trust it: curl --cacert {made.ca_cert})")

@@ -76,6 +76,7 @@ def run_command(
     Exits 0 only when every verdict is as expected: the broken setup broke and
     the fixed one worked."""
     from streamlab.scenarios import CATALOGUE, MODES, run, timing_for
+    from streamlab.scenarios.model import ScenarioUnavailable
 
     if name != "all" and name not in CATALOGUE:
         err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(CATALOGUE)}, all")
@@ -101,6 +102,9 @@ def run_command(
         outcomes = asyncio.run(run_all())
     except ToxiproxyError as exc:
         err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
+        raise typer.Exit(1) from exc
+    except ScenarioUnavailable as exc:
+        err.print(f"[red]cannot run here:[/] {exc}")
         raise typer.Exit(1) from exc
     if as_json:
         print(json.dumps([o.as_json() for o in outcomes], indent=2))

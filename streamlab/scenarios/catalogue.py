@@ -9,6 +9,7 @@ from streamlab.scenarios.lifecycle import LIFECYCLE
 from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_chat
 from streamlab.scenarios.model import Check, Scenario, Setup, Variant
 from streamlab.scenarios.resume import RESUME
+from streamlab.scenarios.seventh_tab import SEVENTH_TAB
 from streamlab.timing import Timing
 from streamlab.toxiproxy import Toxic
 
@@ -203,4 +204,5 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
     *LIFECYCLE,
     *RESUME,
     *ENGINE_FAULTS,
+    SEVENTH_TAB,
 )}

@@ -105,6 +105,11 @@ class Setup:
 THINK_AFTER_TOKEN = 2
 
 
+class ScenarioUnavailable(RuntimeError):
+    """This lab or machine cannot run the scenario (no chromium, no HTTP/2 edge):
+    raised by a measure before it measures anything; the tests skip with its reason."""
+
+
 @dataclass(frozen=True)
 class Variant:
     setup: Setup

@@ -18,12 +18,15 @@ PUBLISHED = re.compile(r"^\$\{STREAMLAB_HOST:-127\.0\.0\.1\}:\$\{(STREAMLAB_\w+)
 # Which lab.env port each published container port stands for.
 PORT_KEYS = {
     "STREAMLAB_EDGE_PORT": "edge_port",
+    "STREAMLAB_EDGE_H2_PORT": "edge_h2_port",
     "STREAMLAB_NGINX_PORT": "nginx_port",
+    "STREAMLAB_NGINX_H2_PORT": "nginx_h2_port",
     "STREAMLAB_UPSTREAM_PORT": "upstream_port",
     "STREAMLAB_ENGINE_PROXY_PORT": "engine_proxy_port",
     "STREAMLAB_TOXIPROXY_API_PORT": "toxiproxy_api_port",
     "STREAMLAB_GATEWAY_PORT": "gateway_port",
     "STREAMLAB_ENGINE_PORT": "engine_port",
+    "STREAMLAB_CONSOLE_PORT": "console_port",
 }
 
 
@@ -48,6 +51,7 @@ def test_each_hop_points_at_the_service_behind_it() -> None:
     ports = compose_config.container_ports()
     specs = {s.name: s for s in compose_config.toxiproxy_specs(ports)}
     assert specs["edge"].upstream == f"nginx:{ports.nginx_port}"
+    assert specs["edge-h2"].upstream == f"nginx:{ports.nginx_h2_port}"
     assert specs["upstream"].upstream == f"gateway:{ports.gateway_port}"
     assert specs["engine"].upstream == f"engine:{ports.engine_port}"
     assert {s.listen for s in specs.values()} == {
