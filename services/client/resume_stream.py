@@ -86,12 +86,14 @@ async def follow_stream(
     before_connect: Callable[[int], Awaitable[None]] | None = None,
     last_event_id: str | None = None,
     default_retry_ms: int = DEFAULT_RETRY_MS,
+    on_token: Callable[[int, str], None] | None = None,
 ) -> ResumeResult:
     """Read a created stream to its end, reconnecting after cuts if `resume`.
 
     `before_connect(n)` runs before the n-th connection (0-based): tests use
     it to set the next cut. `last_event_id` picks up where an earlier reader
-    (another process, a page before a reload) left off.
+    (another process, a page before a reload) left off. `on_token(index, text)`
+    sees each token as it arrives (a caller that acts on progress, e.g. a cut).
     """
     result = ResumeResult(stream_id=created["id"])
     url = f"{base_url}{created['events_url']}"
@@ -135,6 +137,8 @@ async def follow_stream(
                         last_id = item.id or last_id
                         if item.event == "token":
                             result.tokens.append((int(payload["index"]), str(payload["text"])))
+                            if on_token is not None:
+                                on_token(*result.tokens[-1])
                         elif item.event in TERMINAL_EVENTS:
                             result.terminal, result.terminal_data = item.event, payload
                             conn.ended = "terminal"

@@ -5,6 +5,7 @@ measured checks that tell them apart. Data only; measures.py does the work."""
 from __future__ import annotations
 
 from streamlab.scenarios.engine_faults import ENGINE_FAULTS
+from streamlab.scenarios.h2_shared_fate import H2_SHARED_FATE
 from streamlab.scenarios.lifecycle import LIFECYCLE
 from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_chat
 from streamlab.scenarios.model import Check, Scenario, Setup, Variant
@@ -205,4 +206,5 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
     *RESUME,
     *ENGINE_FAULTS,
     SEVENTH_TAB,
+    H2_SHARED_FATE,
 )}
