@@ -23,8 +23,9 @@ def transports_table(report: dict[str, Any]) -> Table:
         title=(f"{timing['answer_tokens']} tokens, {timing['token_gap_ms']} ms apart · "
                f"median of {report['repetitions']} (± half the range)"
                + (" · gzip" if report.get("gzip") else "")),
-        caption="bytes: Toxiproxy's count on the edge proxy (gRPC: the engine proxy); "
-                "CPU: the gateway process (kernel accounting). Absolute times vary by machine.",
+        caption="bytes: Toxiproxy's count on the edge proxy (TLS rows: edge-h2; gRPC: the "
+                "engine proxy); CPU: the gateway process, nginx's workers (kernel "
+                "accounting). Absolute times vary by machine.",
     )
     for column in TRANSPORT_COLUMNS:
         table.add_column(column, justify="left" if column == "transport" else "right",
@@ -35,7 +36,7 @@ def transports_table(report: dict[str, Any]) -> Table:
 
 
 TRANSPORT_COLUMNS = ("transport", "TTFT ms", "total ms", "requests", "tokens", "bytes up",
-                     "bytes down", "B/token", "gw CPU ms", "CPU µs/token")
+                     "bytes down", "B/token", "gw CPU ms", "CPU µs/token", "nginx µs/token")
 
 
 def transport_rows(report: dict[str, Any], markup: bool = True) -> list[list[str]]:
@@ -49,6 +50,9 @@ def transport_rows(report: dict[str, Any], markup: bool = True) -> list[list[str
             _cell(s["tokens"], spread=False), _cell(s["bytes_up"]), _cell(s["bytes_down"]),
             _cell(s["bytes_per_token"], spread=False), _cell(s["gateway_cpu_ms"], "{:.1f}"),
             _cell(s["cpu_us_per_token"], "{:.0f}", spread=False),
+            # Reports from before nginx was measured have no such figure.
+            _cell(s.get("nginx_cpu_us_per_token", {"median": None, "min": None, "max": None}),
+                  "{:.0f}", spread=False),
         ])
     if not markup:
         rows = [[cell.replace("[dim]", "").replace("[/]", "") for cell in row] for row in rows]

@@ -10,11 +10,18 @@ not the client's own count.
 The fake model's prefill is 1 ms, not 0: on the gRPC wire 0 means "engine
 default" (300 ms), so 1 ms is the closest to "the first token after one
 gap".
+
+SSE runs over three wires (docs/http2.md): HTTP/1.1 in the clear through
+"edge", and HTTP/1.1 or HTTP/2 over TLS through "edge-h2" (the same nginx
+server, ALPN picks the protocol), each read by httpx and by curl, so bytes per
+token compare chunked encoding with HTTP/2's DATA frames and HPACK, TLS alike.
+nginx's CPU is its worker processes' (the master only supervises).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import time
@@ -24,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
 from services.client.grpc_stream import generate_request, grpc_once
 from services.client.openai_stream import chat_body, sse_chat
@@ -31,7 +39,7 @@ from services.client.polling import long_poll, short_poll
 from services.client.transport_run import TransportRun
 from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
-from streamlab.bench.probes import CpuMeter, WireMeter, cpu_ms
+from streamlab.bench.probes import CpuMeter, CpuReading, WireMeter, cpu_ms
 from streamlab.bench.stats import summary
 from streamlab.target import LabTarget, pid_or_none
 from streamlab.timing import Timing
@@ -57,6 +65,7 @@ class Sample:
     done: bool
     error: str | None
     in_order: bool
+    nginx_cpu_ms: float | None = None
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -67,6 +76,12 @@ class Sample:
         if self.gateway_cpu_ms is None or not self.tokens:
             return None
         return self.gateway_cpu_ms * 1000 / self.tokens
+
+    @property
+    def nginx_cpu_us_per_token(self) -> float | None:
+        if self.nginx_cpu_ms is None or not self.tokens:
+            return None
+        return self.nginx_cpu_ms * 1000 / self.tokens
 
 
 @dataclass
@@ -88,6 +103,8 @@ class TransportResult:
             "gateway_cpu_ms": summary([x.gateway_cpu_ms for x in s]),
             "engine_cpu_ms": summary([x.engine_cpu_ms for x in s]),
             "cpu_us_per_token": summary([x.cpu_us_per_token for x in s]),
+            "nginx_cpu_ms": summary([x.nginx_cpu_ms for x in s]),
+            "nginx_cpu_us_per_token": summary([x.nginx_cpu_us_per_token for x in s]),
         }
 
 
@@ -112,14 +129,63 @@ class TransportsReport:
             "transports": [
                 {"name": t.name, "wire_proxy": t.proxy, "summary": t.summary(),
                  "runs": [{**asdict(x), "bytes_per_token": x.bytes_per_token,
-                           "cpu_us_per_token": x.cpu_us_per_token} for x in t.samples]}
+                           "cpu_us_per_token": x.cpu_us_per_token,
+                           "nginx_cpu_us_per_token": x.nginx_cpu_us_per_token}
+                          for x in t.samples]}
                 for t in self.transports
             ],
         }
 
 
-def transport_names(intervals_ms: list[int]) -> list[str]:
-    return ["grpc", "sse", "websocket", "long poll", *(f"poll {i} ms" for i in intervals_ms)]
+# SSE over each wire: (client, HTTP version, TLS). "sse" is httpx over HTTP/1.1 in the clear.
+SSE_WIRES: dict[str, tuple[str, str, bool]] = {
+    "sse": ("httpx", "1.1", False),
+    "sse h1 tls": ("httpx", "1.1", True),
+    "sse h2": ("httpx", "2", True),
+    "curl h1": ("curl", "1.1", False),
+    "curl h2": ("curl", "2", True),
+}
+
+
+def transport_names(intervals_ms: list[int], h2: bool = True) -> list[str]:
+    """Every transport, in the table's order; `h2`: with the TLS rows (edge-h2)."""
+    sse = [name for name, (_, _, tls) in SSE_WIRES.items() if h2 or not tls]
+    return ["grpc", *sse, "websocket", "long poll", *(f"poll {i} ms" for i in intervals_ms)]
+
+
+def wire_proxy(name: str) -> str:
+    """The Toxiproxy hop whose byte counters measure this transport."""
+    if name == "grpc":
+        return "engine"
+    return "edge-h2" if name in SSE_WIRES and SSE_WIRES[name][2] else "edge"
+
+
+async def curl_sse(url: str, body: dict[str, Any], http_version: str, cacert: str | None,
+                   gzip: bool) -> TransportRun:
+    """curl -N (`--http1.1` or `--http2`), its output read line by line as it
+    streams: TTFT includes starting curl (a few ms), as it does for a user."""
+    run = TransportRun(f"curl h{http_version[0]}", requests=1)
+    args = ["curl", "-sS", "-N", "--http2" if http_version == "2" else "--http1.1",
+            "--max-time", "60", "-H", "content-type: application/json",
+            "-d", json.dumps(body), *(["--cacert", cacert] if cacert else []),
+            *(["--compressed"] if gzip else ["-H", "Accept-Encoding: identity"]), url]
+    process = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    async with asyncio.timeout(70):
+        while raw := await process.stdout.readline():  # b"" only at the end
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                run.done = True
+            elif line.startswith("data: {"):
+                delta = json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+                run.tokens([delta.get("content") or ""])
+        stderr = (await process.stderr.read()).decode().strip()
+        await process.wait()
+    if process.returncode:
+        run.error = f"curl exit {process.returncode}: {stderr}"
+    return run.finish()
 
 
 async def _one(name: str, lab: LabTarget, timing: Timing, gzip: bool) -> TransportRun:
@@ -140,9 +206,20 @@ async def _one(name: str, lab: LabTarget, timing: Timing, gzip: bool) -> Transpo
         return await ws_chat(ws_url, PROMPT, timing=options)
     body = chat_body(PROMPT, **options)
     headers = {} if gzip else {"Accept-Encoding": "identity"}
+    if name in SSE_WIRES:
+        client_name, http_version, tls = SSE_WIRES[name]
+        base = lab.edge_h2_url if tls else lab.edge_url
+        url = f"{base}/v1/chat/completions"
+        if client_name == "curl":
+            return await curl_sse(url, body, http_version,
+                                  str(lab.tls.ca_cert) if tls else None, gzip)
+        async with httpx.AsyncClient(
+                timeout=timeout, headers=headers, http2=http_version == "2",
+                verify=lab.tls.ssl_context() if tls else True) as client:
+            run = await sse_chat(client, url, body)
+        run.transport = name
+        return run
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
-        if name == "sse":
-            return await sse_chat(client, f"{lab.edge_url}/v1/chat/completions", body)
         if name == "long poll":
             return await long_poll(client, lab.edge_url, body)
         if name.startswith("poll "):
@@ -154,16 +231,16 @@ async def _one(name: str, lab: LabTarget, timing: Timing, gzip: bool) -> Transpo
 def measure(name: str, lab: LabTarget, timing: Timing, gzip: bool = False) -> Sample:
     """Run one transport once, reading wire bytes and CPU around it (CPU only
     where the lab has the `pids` capability; None otherwise)."""
-    proxy = "engine" if name == "grpc" else "edge"
     toxiproxy = lab.toxiproxy()
     try:
-        wire = WireMeter(toxiproxy, proxy)
+        wire = WireMeter(toxiproxy, wire_proxy(name))
         gateway = CpuMeter(pid_or_none(lab, "gateway"))
         engine = CpuMeter(pid_or_none(lab, "engine"))
+        nginx = NginxCpu(pid_or_none(lab, "nginx"))
         wire_before = wire.settled()
-        gw_before, en_before = gateway.read(), engine.read()
+        gw_before, en_before, ng_before = gateway.read(), engine.read(), nginx.read()
         run = asyncio.run(_one(name, lab, timing, gzip))
-        gw_after, en_after = gateway.read(), engine.read()
+        gw_after, en_after, ng_after = gateway.read(), engine.read(), nginx.read()
         moved = wire.settled() - wire_before
     finally:
         toxiproxy.close()
@@ -181,7 +258,32 @@ def measure(name: str, lab: LabTarget, timing: Timing, gzip: bool = False) -> Sa
         done=run.done,
         error=run.error,
         in_order=run.texts == expected,
+        nginx_cpu_ms=nginx.ms(ng_before, ng_after),
     )
+
+
+class NginxCpu:
+    """nginx's CPU: the sum over its master and workers (the workers do the work;
+    a worker's time is not its master's until it exits)."""
+
+    def __init__(self, master: int | None) -> None:
+        pids = []
+        if master:
+            try:
+                pids = [master, *(child.pid for child in psutil.Process(master).children())]
+            except psutil.Error:
+                pids = []
+        self._meters = [CpuMeter(pid) for pid in pids]
+
+    def read(self) -> list[CpuReading | None]:
+        return [meter.read() for meter in self._meters]
+
+    @staticmethod
+    def ms(before: list[CpuReading | None], after: list[CpuReading | None]) -> float | None:
+        spent = [cpu_ms(b, a) for b, a in zip(before, after, strict=True)]
+        if not spent or any(s is None for s in spent):
+            return None
+        return sum(s for s in spent if s is not None)
 
 
 def run_transports(
@@ -194,9 +296,9 @@ def run_transports(
 ) -> TransportsReport:
     """Interleave transports within each repetition, so a burst of load on the
     shared machine spreads over all of them instead of hitting one."""
-    names = transport_names(intervals_ms)
-    results = {name: TransportResult(name, "engine" if name == "grpc" else "edge")
-               for name in names}
+    # A lab without the HTTP/2 edge (compose started without certificates): no TLS rows.
+    names = transport_names(intervals_ms, h2=lab.h2_ready())
+    results = {name: TransportResult(name, wire_proxy(name)) for name in names}
     report = TransportsReport(
         timing, repetitions, list(results.values()), gzip,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -46,7 +46,8 @@ def test_bench_transports_report_is_complete_and_sane(lab: Lab, tmp_path: Path) 
                    "--intervals", "50", "--plot", str(png))
 
     names = [t["name"] for t in report["transports"]]
-    assert names == ["grpc", "sse", "websocket", "long poll", "poll 50 ms"]
+    assert names == ["grpc", "sse", "sse h1 tls", "sse h2", "curl h1", "curl h2", "websocket",
+                     "long poll", "poll 50 ms"]
     assert report["repetitions"] == 1
     assert len(report["model_token_times_ms"]) == TOKENS
     for t in report["transports"]:
@@ -65,6 +66,11 @@ def test_bench_transports_report_is_complete_and_sane(lab: Lab, tmp_path: Path) 
     assert by_name["sse"]["requests"] == by_name["websocket"]["requests"] == 1
     assert by_name["poll 50 ms"]["requests"] >= 2  # the start, then at least one poll
     assert by_name["sse"]["gateway_cpu_ms"] > 0
+    # The TLS rows are measured on the edge-h2 hop, and nginx's workers did work.
+    wires = {t["name"]: t["wire_proxy"] for t in report["transports"]}
+    assert wires["sse h2"] == wires["curl h2"] == wires["sse h1 tls"] == "edge-h2"
+    assert wires["sse"] == wires["curl h1"] == "edge"
+    assert by_name["sse h2"]["nginx_cpu_ms"] > 0
     assert len(transport_rows(report)) == len(names)
     assert png.read_bytes().startswith(b"\x89PNG")
 
