@@ -49,6 +49,22 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     exit 1
   fi
 fi
+# The HTTP/2 edge needs nginx's ssl and http_v2 modules. Debian 12's nginx-light
+# is a transitional package that installs `nginx`, which has both; an older
+# nginx-light or another build may lack them: then Debian's `nginx` package.
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+if ! "$nginx_bin" -V 2>&1 | grep -q -- --with-http_v2_module \
+   || ! "$nginx_bin" -V 2>&1 | grep -q -- --with-http_ssl_module; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian's nginx (this one lacks the ssl or http_v2 module)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
+  else
+    echo "nginx lacks the ssl or http_v2 module (nginx -V); install Debian's" \
+         "'nginx' package: sudo apt-get install -y nginx" >&2
+    exit 1
+  fi
+fi
 # Debian starts a system nginx on port 80 at install; the lab runs its own and
 # never needs that one, but leaves it alone.
 

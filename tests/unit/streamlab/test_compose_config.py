@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from streamlab import compose_config
 from streamlab.compose import ComposeSettings
@@ -111,3 +112,22 @@ def test_compose_argv_names_file_and_project() -> None:
 
 def test_hop_names_are_the_hops_in_order() -> None:
     assert tuple(h.name for h in hops(Ports.load())) == HOP_NAMES
+
+
+def test_compose_tls_names_the_services_and_points_nginx_at_the_mount(tmp_path: Path) -> None:
+    made = compose_config.write_tls(tmp_path)
+    snippet = made.nginx_snippet.read_text()
+    port = compose_config.container_ports().nginx_h2_port
+    assert f"listen 0.0.0.0:{port} ssl http2;" in snippet
+    assert f"ssl_certificate {compose_config.CONTAINER_TLS_DIR}/server.pem;" in snippet
+    assert f"include {compose_config.CONTAINER_TLS_DIR}/nginx-h2*.conf;" in (
+        compose_config.nginx_config(compose_config.container_ports()))
+    names = x509.load_pem_x509_certificate(made.server_cert.read_bytes()).extensions \
+        .get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"toxiproxy", "nginx", "localhost"} <= set(names.get_values_for_type(x509.DNSName))
+
+
+def test_nginx_mounts_the_tls_dir_and_both_edges_are_published(services: dict[str, Any]) -> None:
+    assert any(v.endswith(":/etc/streamlab/tls:ro") for v in services["nginx"]["volumes"])
+    published = " ".join(services["toxiproxy"]["ports"])
+    assert "STREAMLAB_EDGE_H2_PORT" in published
