@@ -164,6 +164,9 @@ class Endpoints:
         chain = _answers(self.chain_ready)
         result["edge"] = {"url": self.edge_url, "port": self.ports.edge_port, "pid": None,
                           "running": chain, "healthy": chain}
+        h2 = _answers(self.h2_ready)
+        result["edge-h2"] = {"url": self.edge_h2_url, "port": self.ports.edge_h2_port,
+                             "pid": None, "running": h2, "healthy": h2}
         return result
 
     def _running(self, name: str, healthy: bool) -> bool:
