@@ -6,6 +6,8 @@
     lifecycle.py     scenarios (and their measures) of a stream's life after the client
     resume.py        the resume scenario: a cut stream, read without and with resume
     engine_faults.py scenarios of the gRPC hop failing mid-stream
+    seventh_tab.py   seven browser tabs over HTTP/1.1 and HTTP/2 (a real chromium)
+    h2_shared_fate.py one cut on an HTTP/2 connection hits every stream; resume
     runner.py        run(lab, scenario, mode, timing) -> Outcome, with a verdict
 
 The time constants are streamlab/timing.py's Timing; a lab is any LabTarget.

@@ -8,10 +8,11 @@ cut on the edge ends all of them at the same instant; resume brings each back.
             (`retry:`, then Last-Event-ID): every stream comes back on a new
             connection and gets every token exactly once
 
-The cut waits until every stream has CUT_AFTER tokens (a progress callback,
-not a sleep), then the toxic stays until the first reconnection removes it:
-one cut, however many streams it hits. The followers share one httpx client
-limited to one connection, as a browser's tabs share one per origin.
+Each reader creates its stream (`POST /v1/streams`) and follows it at once;
+the seven share one httpx client limited to one connection, as a browser's
+tabs share one per origin. The cut waits until every stream has CUT_AFTER
+tokens (a progress callback, not a sleep), then the toxic stays until the
+first reconnection removes it: one cut, however many streams it hits.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from streamlab.toxiproxy import Toxic
 
 STREAMS = 7
 CUT_AFTER = 3  # tokens every stream has before the cut
-STREAM_TOKENS = 40
+# Long enough that no stream ends before the cut, however slowly the seven are
+# created on a loaded machine (each starts generating at its POST).
+STREAM_TOKENS = 100
 RETRY_MS = 100
 HOP = "edge-h2"
 CUT = Toxic("reset_peer", {"timeout": 0}, name="shared_fate_cut")
@@ -103,17 +106,18 @@ async def shared_fate(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     cut_seen: dict[str, float] = {}
     results: dict[str, ResumeResult] = {}
 
-    async with httpx.AsyncClient(http2=True, verify=context, timeout=timeout) as http:
-        created = [await create_stream(http, lab.edge_h2_url, _body(timing))
-                   for _ in range(STREAMS)]
-    # The readers: one client, at most one connection, every stream on it.
+    created: list[dict[str, Any]] = []
+    # The tabs: one client, at most one connection, every stream on it; each
+    # creates its stream and follows it at once.
     one = httpx.Limits(max_connections=1)
     sampler = asyncio.create_task(counter.run())
     try:
         async with httpx.AsyncClient(http2=True, verify=context, timeout=timeout,
                                      limits=one) as http:
 
-            async def follow(stream: dict[str, Any]) -> None:
+            async def follow() -> None:
+                stream = await create_stream(http, lab.edge_h2_url, _body(timing))
+                created.append(stream)
                 sid = stream["id"]
 
                 async def before_connect(attempt: int) -> None:
@@ -130,8 +134,8 @@ async def shared_fate(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
             with anyio.fail_after(30 + STREAM_TOKENS * timing.gap_s):
                 async with anyio.create_task_group() as group:
                     group.start_soon(cut.apply_when_ready)
-                    for stream in created:
-                        group.start_soon(follow, stream)
+                    for _ in range(STREAMS):
+                        group.start_soon(follow)
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
