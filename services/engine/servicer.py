@@ -102,6 +102,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         summary: GenerationSummary | None = None
         stop = StopMatcher(generation.stop)
         stopped = False
+        unsent = 0
+        # Tokens that were ready together leave in one message, to a caller that reads them.
+        batches = request.accept_token_batches
         try:
             # aclosing: the backend's own `finally` (freeing a KV cache, closing an
             # upstream HTTP stream) runs now on every exit, not when GC gets to it.
@@ -115,15 +118,25 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     if isinstance(item, GenerationSummary):
                         summary = item
                         continue
-                    fed = stop.feed(item)
-                    if fed.text:
-                        yield pb.GenerateResponse(
-                            token=pb.TokenChunk(index=produced, text=fed.text))
-                        produced += 1
-                    if fed.stopped:
+                    texts = item if isinstance(item, list) else (item,)
+                    chunks: list[pb.TokenChunk] = []
+                    for taken, text in enumerate(texts, 1):
+                        fed = stop.feed(text)
+                        if fed.text:
+                            chunks.append(pb.TokenChunk(index=produced, text=fed.text))
+                            produced += 1
+                        if fed.stopped:
+                            stopped = True
+                            unsent = len(texts) - taken  # made with the batch, past the stop
+                            break
+                    if len(chunks) > 1 and batches:
+                        yield pb.GenerateResponse(tokens=pb.TokenBatch(chunks=chunks))
+                    else:
+                        for chunk in chunks:
+                            yield pb.GenerateResponse(token=chunk)
+                    if stopped:
                         # Leaving the loop closes the backend (aclosing): it
                         # stops at this step, as on a cancel, minus the cancel.
-                        stopped = True
                         break
             if not stopped and (rest := stop.flush()):
                 yield pb.GenerateResponse(token=pb.TokenChunk(index=produced, text=rest))
@@ -132,7 +145,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 # Counted from the model's decode steps, not from the chunks sent:
                 # held-back text can leave as one chunk for several tokens, and a
                 # stop ends the loop before a backend's own summary arrives.
-                made = record.tokens_generated
+                made = record.tokens_generated - unsent
                 by_length = (not stopped and
                              self._backend.finished_by_length(generation, options, made))
                 summary = GenerationSummary(
@@ -191,6 +204,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             running=admission.running, running_limit=admission.running_limit,
             queue_waiting=admission.waiting, queue_limit=admission.queued_limit,
             device=backend.device, device_memory_allocated=backend.device_memory_allocated,
+            decode_steps=backend.decode_steps, decode_step_tokens=backend.decode_step_tokens,
         )
 
     def _on_done(self, context: grpc.aio.ServicerContext, record: GenerationRecord) -> None:

@@ -16,6 +16,15 @@ class FakeModelDefaults(BaseSettings):
     prefill_ms: int = Field(300, ge=0)
     token_gap_ms: int = Field(50, ge=0)
     answer_tokens: int = Field(50, ge=1)
+    # Which clock makes the tokens when a request does not choose: one decode
+    # clock stepping every running generation together (continuous batching),
+    # or a timer per generation (services/engine/backends/decode_clock.py).
+    clock: Literal["batched", "per_stream"] = "batched"
+    # The batched clock's step: step_ms + step_per_sequence_ms x running
+    # generations, the shape of a GPU step. 0: the clock steps whenever a
+    # generation is due, so each request's own gap sets the pace.
+    step_ms: float = Field(0.0, ge=0)
+    step_per_sequence_ms: float = Field(0.0, ge=0)
 
 
 class HFSettings(BaseSettings):
@@ -38,6 +47,9 @@ class HFSettings(BaseSettings):
     # torch CPU threads (0: torch's default, one per core).
     cpu_threads: int = Field(0, ge=0)
     trust_remote_code: bool = False
+    # Generations decoded together, one forward pass per step over all of them
+    # (the engine's running slots); the rest wait in the engine's queue.
+    max_batch: int = Field(8, ge=1)
 
 
 class OpenAIUpstreamSettings(BaseSettings):

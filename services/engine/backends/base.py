@@ -10,6 +10,11 @@ so the engine counts work done at the model, not bytes that reached the wire
 (a backend that decodes in a thread keeps calling it after a cancel, which is
 exactly what `tokens_after_cancel` measures).
 
+A backend whose consumer was behind may yield a `list[str]`: consecutive
+tokens that were ready together (each still one decode step, counted when it
+was made); the servicer sends them in one message to a caller that accepts
+batches. It never waits to fill one.
+
 A backend that knows more than "one chunk = one token" (a real tokenizer's
 counts, a stop at end-of-sequence) yields one `GenerationSummary` after its
 last text; the servicer then reports that instead of its own counting. Errors
@@ -69,6 +74,9 @@ class BackendLoad:
 
     device: str = ""
     device_memory_allocated: int = 0
+    # A batched decode clock's steps and the tokens made in them (0: none).
+    decode_steps: int = 0
+    decode_step_tokens: int = 0
 
 
 class TokenTracker(Protocol):
@@ -99,8 +107,9 @@ class Backend(Protocol[OptionsT]):
 
     def generate(
         self, request: GenerationInput, options: OptionsT, tracker: TokenTracker
-    ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
-        """Yield token texts, optionally then one summary; stop by returning.
+    ) -> AsyncGenerator[str | list[str] | GenerationSummary | Accepted, None]:
+        """Yield token texts (or lists of texts ready together), optionally then
+        one summary; stop by returning.
         The caller indexes the texts (and counts them when no summary comes)."""
         ...
 

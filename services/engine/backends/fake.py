@@ -5,6 +5,22 @@ optional think pauses ("after token k, stay silent p ms"). Each token is
 scheduled on an absolute timeline from the start of the call, so slow event
 loop turns do not accumulate drift into the measurements.
 
+Two clocks make the tokens (the request's `clock`, else STREAMLAB_FAKE_CLOCK):
+
+  batched     (the default) one DecodeClock steps every running generation
+              together, as continuous batching does (decode_clock.py). A
+              request's gap maps onto it so: token i is due on its own
+              timeline (prefill, then a gap per token, plus pauses), rounded
+              up to the next multiple of the gap in the engine's loop time, and
+              it is made on the first step at or after that. Rounding puts
+              every generation with the same gap on the same steps: 100
+              streams at a 20 ms gap are one step every 20 ms, not 100 timers.
+              The first token comes at most one gap later than on its own
+              timeline; the gaps after it are exact (pauses round up too). A
+              step time of the engine's own (`step_ms`) is a floor under
+              every gap.
+  per_stream  a timer per generation, each token its own wake-up.
+
 The timing is this backend's own option: read from the request's
 `FakeModelTiming` (each unset field from STREAMLAB_FAKE_*) by `options()`, so
 the engine's backend-neutral GenerationInput carries none of it.
@@ -13,9 +29,11 @@ the engine's backend-neutral GenerationInput carries none of it.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Literal
 
 from services.engine.backends.base import (
     BackendLoad,
@@ -23,6 +41,7 @@ from services.engine.backends.base import (
     InvalidRequest,
     TokenTracker,
 )
+from services.engine.backends.decode_clock import SLACK_S, DecodeClock
 from services.engine.settings import FakeModelDefaults
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -35,12 +54,18 @@ WORDS: tuple[str, ...] = (
 )
 
 
+Clock = Literal["batched", "per_stream"]
+_CLOCKS: dict[int, Clock] = {pb.FAKE_CLOCK_BATCHED: "batched",
+                             pb.FAKE_CLOCK_PER_STREAM: "per_stream"}
+
+
 @dataclass(frozen=True)
 class FakeTiming:
     prefill_ms: int
     token_gap_ms: int
     answer_tokens: int
     pauses: tuple[ThinkPause, ...] = ()
+    clock: Clock = "batched"
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,7 @@ def read_timing(request: pb.GenerateRequest, defaults: FakeModelDefaults) -> Fak
             wire.answer_tokens if wire.HasField("answer_tokens") else defaults.answer_tokens
         ),
         pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in wire.pauses),
+        clock=_CLOCKS.get(wire.clock, defaults.clock),
     )
     if timing.answer_tokens == 0:
         raise InvalidRequest("timing.answer_tokens must be at least 1")
@@ -91,6 +117,14 @@ def schedule(timing: FakeTiming, count: int) -> list[float]:
     return offsets
 
 
+def on_grid(at: float, gap_s: float) -> float:
+    """`at` rounded up to the next multiple of the gap: the step every generation
+    with this gap shares (a due time within the clock's slack counts as on it)."""
+    if gap_s <= 0:
+        return at
+    return math.ceil((at - SLACK_S) / gap_s) * gap_s
+
+
 class FakeModel:
     name = "fake"
     defers_acceptance = False
@@ -98,11 +132,43 @@ class FakeModel:
 
     def __init__(self, defaults: FakeModelDefaults) -> None:
         self._defaults = defaults
+        self._clock: DecodeClock | None = None  # made in the engine's loop, on first use
+
+    @property
+    def clock(self) -> DecodeClock:
+        if self._clock is None:
+            self._clock = DecodeClock(self._defaults.step_ms, self._defaults.step_per_sequence_ms)
+        return self._clock
 
     def options(self, request: pb.GenerateRequest) -> FakeTiming:
         return read_timing(request, self._defaults)
 
-    async def generate(
+    def generate(
+        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
+    ) -> AsyncGenerator[str | list[str], None]:
+        if timing.clock == "per_stream":
+            return self._own_timer(request, timing, tracker)
+        return self._batched(request, timing, tracker)
+
+    async def _batched(
+        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
+    ) -> AsyncGenerator[str | list[str], None]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        count = min(timing.answer_tokens, request.max_tokens)
+        gap_s = timing.token_gap_ms / 1000
+        dues = [on_grid(start + offset, gap_s) for offset in schedule(timing, count)]
+        # Prefill: the generation takes its seat at the step after it.
+        await asyncio.sleep(timing.prefill_ms / 1000)
+        with self.clock.seat(dues, token_text, tracker.generated) as seat:
+            taken = 0
+            while taken < count:
+                # A cancel lands here: the seat closes before the next step.
+                texts = await seat.take()
+                taken += len(texts)
+                yield texts[0] if len(texts) == 1 else texts
+
+    async def _own_timer(
         self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
     ) -> AsyncGenerator[str, None]:
         start = time.monotonic()
@@ -121,7 +187,11 @@ class FakeModel:
         return timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
 
     def load(self) -> BackendLoad:
-        return BackendLoad()  # a clock, not a device
+        clock = self._clock  # a clock, not a device
+        if clock is None:
+            return BackendLoad()
+        return BackendLoad(decode_steps=clock.steps, decode_step_tokens=clock.tokens)
 
     async def aclose(self) -> None:
-        pass
+        if self._clock is not None:
+            await self._clock.aclose()

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FakeClock(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAKE_CLOCK_UNSPECIFIED: _ClassVar[FakeClock]
+    FAKE_CLOCK_BATCHED: _ClassVar[FakeClock]
+    FAKE_CLOCK_PER_STREAM: _ClassVar[FakeClock]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -20,6 +26,9 @@ class GenerationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GENERATION_STATE_COMPLETED: _ClassVar[GenerationState]
     GENERATION_STATE_CANCELLED: _ClassVar[GenerationState]
     GENERATION_STATE_FAILED: _ClassVar[GenerationState]
+FAKE_CLOCK_UNSPECIFIED: FakeClock
+FAKE_CLOCK_BATCHED: FakeClock
+FAKE_CLOCK_PER_STREAM: FakeClock
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -46,19 +55,21 @@ class ThinkPause(_message.Message):
     def __init__(self, after_token: _Optional[int] = ..., pause_ms: _Optional[int] = ...) -> None: ...
 
 class FakeModelTiming(_message.Message):
-    __slots__ = ("prefill_ms", "token_gap_ms", "pauses", "answer_tokens")
+    __slots__ = ("prefill_ms", "token_gap_ms", "pauses", "answer_tokens", "clock")
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_GAP_MS_FIELD_NUMBER: _ClassVar[int]
     PAUSES_FIELD_NUMBER: _ClassVar[int]
     ANSWER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
     prefill_ms: int
     token_gap_ms: int
     pauses: _containers.RepeatedCompositeFieldContainer[ThinkPause]
     answer_tokens: int
-    def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ...) -> None: ...
+    clock: FakeClock
+    def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ..., clock: _Optional[_Union[FakeClock, str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling")
+    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling", "accept_token_batches")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +77,7 @@ class GenerateRequest(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_TOKEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -73,7 +85,8 @@ class GenerateRequest(_message.Message):
     timing: FakeModelTiming
     stop: _containers.RepeatedScalarFieldContainer[str]
     sampling: SamplingOptions
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ...) -> None: ...
+    accept_token_batches: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., accept_token_batches: _Optional[bool] = ...) -> None: ...
 
 class SamplingOptions(_message.Message):
     __slots__ = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
@@ -96,6 +109,12 @@ class TokenChunk(_message.Message):
     index: int
     text: str
     def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class TokenBatch(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TokenChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -122,14 +141,16 @@ class StreamError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token", "finish", "error")
+    __slots__ = ("token", "finish", "error", "tokens")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     token: TokenChunk
     finish: Finish
     error: StreamError
-    def __init__(self, token: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+    tokens: TokenBatch
+    def __init__(self, token: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ..., tokens: _Optional[_Union[TokenBatch, _Mapping]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -180,17 +201,21 @@ class GetStatsResponse(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running", "running_limit", "queue_waiting", "queue_limit", "device", "device_memory_allocated")
+    __slots__ = ("running", "running_limit", "queue_waiting", "queue_limit", "device", "device_memory_allocated", "decode_steps", "decode_step_tokens")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_LIMIT_FIELD_NUMBER: _ClassVar[int]
     QUEUE_WAITING_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     running: int
     running_limit: int
     queue_waiting: int
     queue_limit: int
     device: str
     device_memory_allocated: int
-    def __init__(self, running: _Optional[int] = ..., running_limit: _Optional[int] = ..., queue_waiting: _Optional[int] = ..., queue_limit: _Optional[int] = ..., device: _Optional[str] = ..., device_memory_allocated: _Optional[int] = ...) -> None: ...
+    decode_steps: int
+    decode_step_tokens: int
+    def __init__(self, running: _Optional[int] = ..., running_limit: _Optional[int] = ..., queue_waiting: _Optional[int] = ..., queue_limit: _Optional[int] = ..., device: _Optional[str] = ..., device_memory_allocated: _Optional[int] = ..., decode_steps: _Optional[int] = ..., decode_step_tokens: _Optional[int] = ...) -> None: ...

@@ -50,8 +50,8 @@ class EngineServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Streams one generation: zero or more `token` events, then exactly one
-        `finish` event. A failure before the first token is a gRPC status; a
+        """Streams one generation: zero or more `token` (or `tokens`) events, then
+        exactly one `finish` event. A failure before the first token is a gRPC status; a
         failure after it is an `error` event followed by the end of the stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -42,8 +42,8 @@ class EngineServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> EngineServiceAsyncStub: ...
     Generate: _grpc.UnaryStreamMultiCallable[_engine_pb2.GenerateRequest, _engine_pb2.GenerateResponse]
-    """Streams one generation: zero or more `token` events, then exactly one
-    `finish` event. A failure before the first token is a gRPC status; a
+    """Streams one generation: zero or more `token` (or `tokens`) events, then
+    exactly one `finish` event. A failure before the first token is a gRPC status; a
     failure after it is an `error` event followed by the end of the stream.
     """
     GetStats: _grpc.UnaryUnaryMultiCallable[_engine_pb2.GetStatsRequest, _engine_pb2.GetStatsResponse]
@@ -53,8 +53,8 @@ class EngineServiceStub:
 class EngineServiceAsyncStub(EngineServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryStreamMultiCallable[_engine_pb2.GenerateRequest, _engine_pb2.GenerateResponse]  # type: ignore[assignment]
-    """Streams one generation: zero or more `token` events, then exactly one
-    `finish` event. A failure before the first token is a gRPC status; a
+    """Streams one generation: zero or more `token` (or `tokens`) events, then
+    exactly one `finish` event. A failure before the first token is a gRPC status; a
     failure after it is an `error` event followed by the end of the stream.
     """
     GetStats: _aio.UnaryUnaryMultiCallable[_engine_pb2.GetStatsRequest, _engine_pb2.GetStatsResponse]  # type: ignore[assignment]
@@ -67,8 +67,8 @@ class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _engine_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_engine_pb2.GenerateResponse], _abc.AsyncIterator[_engine_pb2.GenerateResponse]]:
-        """Streams one generation: zero or more `token` events, then exactly one
-        `finish` event. A failure before the first token is a gRPC status; a
+        """Streams one generation: zero or more `token` (or `tokens`) events, then
+        exactly one `finish` event. A failure before the first token is a gRPC status; a
         failure after it is an `error` event followed by the end of the stream.
         """
 
