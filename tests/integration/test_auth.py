@@ -52,3 +52,25 @@ def test_a_valid_key_is_served_and_probes_stay_open(guarded_gateway: str) -> Non
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 3
     assert httpx.get(f"{guarded_gateway}/healthz", timeout=5).status_code == 200
+
+
+def test_another_key_cannot_read_or_stop_a_job_or_a_stream(lab: Lab,
+                                                           guarded_gateway: str) -> None:
+    """One key could read and DELETE another key's stream and job: now 404,
+    as for an id that never existed."""
+    mine = {"Authorization": f"Bearer {KEY}"}
+    theirs = {"Authorization": "Bearer another-key"}
+    body = chat_body("hi", prefill_ms=0, token_gap_ms=20, answer_tokens=50)
+    with httpx.Client(base_url=guarded_gateway, timeout=5) as http:
+        job = http.post("/v1/jobs", json=body, headers=mine).json()["id"]
+        stream = http.post("/v1/streams", json=body, headers=mine).json()["id"]
+        for method, path in [("GET", f"/v1/jobs/{job}"), ("DELETE", f"/v1/jobs/{job}"),
+                             ("GET", f"/v1/streams/{stream}"),
+                             ("GET", f"/v1/streams/{stream}/events"),
+                             ("DELETE", f"/v1/streams/{stream}")]:
+            assert http.request(method, path, headers=theirs).status_code == 404, (method, path)
+        assert http.get(f"/v1/jobs/{job}", headers=mine).status_code == 200
+        assert http.get(f"/v1/streams/{stream}", headers=mine).json()["state"] in (
+            "running", "completed")
+        assert http.delete(f"/v1/jobs/{job}", headers=mine).status_code == 204
+        assert http.delete(f"/v1/streams/{stream}", headers=mine).status_code == 200
