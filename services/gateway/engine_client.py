@@ -78,7 +78,17 @@ class EngineStream:
     Every way the call can end without a finish raises EngineError instead:
     the engine's own error event, a stream that just ends (truncated), a gRPC
     failure, a deadline. Consumers handle tokens, the finish and EngineError;
-    nothing else can arrive."""
+    nothing else can arrive. A message that carries several chunks (a
+    `tokens` batch: they were ready together) is yielded chunk by chunk;
+    `pending` says how many of it are still to come, so a writer can put
+    those in the same socket write without waiting for anything.
+
+    Deadlines: the idle deadline bounds each read (never the time the consumer
+    spends at `yield`: a slow client's send is the send timeout's job), the
+    total one the whole stream. Both are one timer per stream, re-armed only
+    when it fires (reads just note when they started), instead of a timeout
+    object per read on the hot path. When one passes during a read, the
+    timer cancels the call and the read ends in the deadline's EngineError."""
 
     def __init__(self, call: EngineCall, request_id: str,
                  idle_timeout_s: float, max_duration_s: float) -> None:
@@ -87,46 +97,87 @@ class EngineStream:
         self._cancel_reason: str | None = None
         self._idle_timeout_s = idle_timeout_s
         self._max_duration_s = max_duration_s
+        self._ends_at = 0.0
+        self._read_since: float | None = None  # when the read in progress began
+        self._expired: EngineError | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self.pending = 0
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         loop = asyncio.get_running_loop()
-        ends_at = loop.time() + self._max_duration_s
+        now = loop.time()
+        self._ends_at = now + self._max_duration_s
+        self._watch = loop.call_at(min(now + self._idle_timeout_s, self._ends_at),
+                                   self._check_deadlines, loop)
         try:
             while True:
-                # Deadlines bound each read only, never the time the consumer
-                # spends at `yield` (a slow client's send is the send timeout's job).
-                wait = min(self._idle_timeout_s, ends_at - loop.time())
-                try:
-                    async with asyncio.timeout(wait):
-                        response = await self._call.read()
-                except TimeoutError:
-                    self._call.cancel()
-                    if loop.time() >= ends_at:
-                        raise EngineError(504, "stream_deadline",
-                                          f"stream exceeded {self._max_duration_s:g} s") from None
-                    raise EngineError(504, "engine_idle_timeout",
-                                      f"engine sent nothing for {self._idle_timeout_s:g} s"
-                                      ) from None
+                self._read_since = now = loop.time()
+                if now >= self._ends_at:
+                    raise self._expire(now)
+                response = await self._call.read()
+                self._read_since = None
                 if not isinstance(response, pb.GenerateResponse):  # grpc.aio.EOF
                     raise EngineError(502, "truncated",
                                       "engine stream ended without a finish event")
-                if response.HasField("error"):
-                    raise EngineError(502, response.error.code,
-                                      f"engine: {redact_addresses(response.error.message)}")
-                if response.HasField("finish"):
+                kind = response.WhichOneof("event")
+                if kind == "token":
+                    yield response.token
+                elif kind == "tokens":
+                    chunks = response.tokens.chunks
+                    for left, chunk in zip(range(len(chunks) - 1, -1, -1), chunks, strict=True):
+                        self.pending = left
+                        yield chunk
+                elif kind == "finish":
                     yield response.finish
                     return
-                yield response.token
+                elif kind == "error":
+                    raise EngineError(502, response.error.code,
+                                      f"engine: {redact_addresses(response.error.message)}")
         except grpc.aio.AioRpcError as exc:
             raise EngineError.from_rpc_error(exc) from exc
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if self._cancel_reason is not None and task is not None and task.cancelling() == 0:
+            if task is not None and task.cancelling() == 0:
                 # grpc.aio raises CancelledError in the reader when the *call* is
                 # cancelled; this task was not, so say why instead of vanishing.
-                raise EngineError(503, self._cancel_reason,
-                                  f"stream ended by the gateway: {self._cancel_reason}") from None
+                if self._expired is not None:
+                    raise self._expired from None
+                if self._cancel_reason is not None:
+                    raise EngineError(503, self._cancel_reason,
+                                      f"stream ended by the gateway: {self._cancel_reason}"
+                                      ) from None
             raise
+        finally:
+            self._read_since = None
+            if self._watch is not None:
+                self._watch.cancel()
+
+    def _check_deadlines(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The stream's one timer: expire the read in progress if a deadline
+        passed during it, else sleep until the earliest one that could."""
+        now = loop.time()
+        since = self._read_since
+        if since is not None and now >= min(since + self._idle_timeout_s, self._ends_at):
+            self._expire(now)
+            return
+        if since is None:
+            # The consumer holds a token: look again later (the next read checks
+            # the total deadline itself as it starts).
+            at = now + self._idle_timeout_s
+        else:  # a read younger than either deadline: look when one could pass
+            at = min(since + self._idle_timeout_s, self._ends_at)
+        self._watch = loop.call_at(at, self._check_deadlines, loop)
+
+    def _expire(self, now: float) -> EngineError:
+        if now >= self._ends_at:
+            expired = EngineError(504, "stream_deadline",
+                                  f"stream exceeded {self._max_duration_s:g} s")
+        else:
+            expired = EngineError(504, "engine_idle_timeout",
+                                  f"engine sent nothing for {self._idle_timeout_s:g} s")
+        self._expired = expired
+        self._call.cancel()
+        return expired
 
     def cancel(self, reason: str | None = None) -> None:
         """Cancel the call (idempotent). With a reason, a reader that is still
@@ -153,6 +204,8 @@ class EngineClient:
         Raising here, before the HTTP response starts, lets the gateway answer
         with a real status code (400, 429, 503, 504) instead of a broken stream.
         """
+        # This gateway reads `tokens` batches (EngineStream yields their chunks).
+        request.accept_token_batches = True
         call = self._stub.Generate(request, wait_for_ready=False)
         try:
             metadata = await asyncio.wait_for(call.initial_metadata(), self._accept_timeout_s)

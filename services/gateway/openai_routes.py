@@ -17,7 +17,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -76,23 +76,35 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return event_stream(
         _events(lease.events(), ChunkWriter(stream.request_id, settings.model_name),
-                include_usage, gateway.metrics, settings.drain_retry_ms),
+                include_usage, gateway.metrics, settings.drain_retry_ms,
+                ready=lambda: stream.pending),
         settings=settings, metrics=gateway.metrics,
         heartbeat_s=options.heartbeat_or(settings.heartbeat_s),
         headers={"X-Request-Id": stream.request_id}, on_close=lease.close)
 
 
 async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, include_usage: bool,
-                  metrics: GatewayMetrics, retry_ms: int
+                  metrics: GatewayMetrics, retry_ms: int, ready: Callable[[], int] = lambda: 0
                   ) -> AsyncIterator[ServerSentEvent | bytes]:
+    """The stream's SSE events, one token per event. Tokens that arrived together
+    (`ready()`: how many more the engine stream holds in memory now, from one
+    batch message) go out in one socket write; a token is never held back to
+    wait for another."""
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
+    batch: list[bytes] = []
     try:
         async for event in events:
             if isinstance(event, pb.TokenChunk):
                 metrics.tokens.inc()
-                yield writer.token_event(event.text)
+                batch.append(writer.token_event(event.text))
+                if ready() == 0:
+                    yield batch[0] if len(batch) == 1 else b"".join(batch)
+                    batch = []
             else:
+                if batch:  # only a wrapper that reorders events could leave one
+                    yield b"".join(batch)
+                    batch = []
                 yield ServerSentEvent(data=writer.finish(event))
                 if include_usage:
                     yield ServerSentEvent(data=writer.usage(event))
@@ -103,6 +115,8 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
         # Unnamed, with an OpenAI-style body: OpenAI SDKs raise on it. No [DONE]
         # follows, so no client mistakes the cut for a complete answer.
         outcome = "engine_error"
+        if batch:
+            yield b"".join(batch)
         if exc.code == DRAINING:
             # `retry:` tells an EventSource when to come back (to another gateway).
             outcome = "drained"
