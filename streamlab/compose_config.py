@@ -76,6 +76,9 @@ def nginx_config(ports: Ports, options: nginx.NginxOptions | None = None) -> str
         "user_directive": "",
         "listen_host": LISTEN_HOST,
         "listen_port": str(ports.nginx_port),
+        # The console's origin as the browser sees it: the published console port
+        # (the same number as the container side unless overridden).
+        "console_port": str(ports.console_port),
         "tls_dir": CONTAINER_TLS_DIR,
         # nginx reaches the gateway through Toxiproxy's "upstream" listener.
         "upstream_host": TOXIPROXY_SERVICE,

@@ -19,9 +19,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from streamlab import nginx, processes, tls
-from streamlab.endpoints import ORDER, Endpoints
+from streamlab.console.settings import ConsoleSettings
+from streamlab.endpoints import ORDER, Endpoints, http_ok
 from streamlab.processes import Running, ServiceSpec, StartError
-from streamlab.topology import REPO_ROOT, Ports
+from streamlab.topology import REPO_ROOT, Ports, console_url
+
+# The lab console (streamlab/console) starts last, once the chain serves: it is
+# a client of the lab, not a hop of it, so no probe of the chain waits for it.
+CONSOLE = "console"
+STARTED = (*ORDER, CONSOLE)
 
 
 @dataclass
@@ -34,6 +40,8 @@ class LabOptions:
     # How long the engine may take to answer its health check (a real model loads first).
     engine_ready_timeout_s: float = 20.0
     python: str = sys.executable
+    # Start the console beside the lab (`streamlab up --no-console` leaves it out).
+    console: bool = True
 
 
 def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
@@ -114,6 +122,11 @@ class Lab(Endpoints):
                  "-c", str(nginx_dir / "nginx.conf")],
                 ready=probes["nginx"],
             ),
+            CONSOLE: ServiceSpec(
+                CONSOLE, [self.options.python, "-m", "streamlab", "console"],
+                env=ConsoleSettings.for_ports(self.ports).environment(),
+                ready=lambda: http_ok(f"{console_url(self.ports)}/healthz"), cwd=REPO_ROOT,
+            ),
         }
 
     @property
@@ -141,6 +154,8 @@ class Lab(Endpoints):
             for name in ORDER:
                 self._start(specs[name])
             self._wait_for_chain()
+            if self.options.console:
+                self._start(specs[CONSOLE])
         except BaseException:
             self.down()
             raise
@@ -175,7 +190,7 @@ class Lab(Endpoints):
         self.stop_service(name, grace_s=0.0)
 
     def down(self, grace_s: float = 10.0) -> None:
-        for name in reversed(ORDER):
+        for name in reversed(STARTED):
             running = self.running.pop(name, None)
             if running is not None:
                 processes.stop(running, grace_s)
@@ -219,7 +234,7 @@ class Lab(Endpoints):
         lab = cls(Ports(**state["ports"]), LabOptions(
             run_dir=run_dir, nginx=nginx_options, gateway_env=state.get("gateway_env", {}),
             engine_env=state.get("engine_env", {})))
-        specs = {name: ServiceSpec(name, []) for name in ORDER}
+        specs = {name: ServiceSpec(name, []) for name in STARTED}
         for name, entry in state["services"].items():
             lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))
         return lab

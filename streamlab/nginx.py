@@ -45,6 +45,8 @@ def write_config(ports: Ports, run_dir: Path, options: NginxOptions,
         "user_directive": "user root;" if os.geteuid() == 0 else "",
         "listen_host": ports.host,
         "listen_port": str(ports.nginx_port),
+        # The console's origin may read answers cross-origin (CORS).
+        "console_port": str(ports.console_port),
         "tls_dir": str(tls_dir or run_dir / "no-tls"),
         "upstream_host": ports.host,
         "upstream_port": str(ports.upstream_port),

@@ -33,6 +33,8 @@ class Ports(BaseSettings):
     toxiproxy_api_port: int
     gateway_port: int
     engine_port: int
+    # The lab console (streamlab/console): a client of the lab, not a hop of it.
+    console_port: int
 
     @classmethod
     def load(cls) -> Ports:
@@ -74,3 +76,7 @@ def edge_url(ports: Ports) -> str:
 def edge_h2_url(ports: Ports) -> str:
     """The HTTP/2 edge: TLS with the lab CA's certificate (streamlab/tls.py)."""
     return f"https://{ports.host}:{ports.edge_h2_port}"
+
+
+def console_url(ports: Ports) -> str:
+    return f"http://{ports.host}:{ports.console_port}"

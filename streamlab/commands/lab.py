@@ -19,7 +19,7 @@ from streamlab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab import Lab, LabOptions
 from streamlab.processes import StartError
 from streamlab.target import LabTarget
-from streamlab.topology import REPO_ROOT, Ports
+from streamlab.topology import REPO_ROOT, Ports, console_url
 
 app = typer.Typer()
 console = Console()
@@ -64,8 +64,10 @@ def up(
         help="openai: the upstream's base URL, e.g. http://127.0.0.1:8000/v1")] = None,
     api_key_env: Annotated[str | None, typer.Option(
         help="openai: the environment variable that holds the upstream's API key.")] = None,
+    with_console: Annotated[bool, typer.Option(
+        "--console/--no-console", help="Serve the lab console too (docs/console.md).")] = True,
 ) -> None:
-    """Start engine, Toxiproxy, gateway and nginx (detached) and print their URLs."""
+    """Start engine, Toxiproxy, gateway, nginx and the console (detached); print their URLs."""
     _not_for_compose("docker compose up --build -d")
     try:
         choice = choose(backend, model=model, device=device, dtype=dtype, base_url=base_url,
@@ -79,7 +81,7 @@ def up(
                       "`streamlab down` first.")
             raise typer.Exit(1)
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
-                         gateway_env=choice.gateway_env)
+                         gateway_env=choice.gateway_env, console=with_console)
     if choice.engine_ready_timeout_s is not None:
         options.engine_ready_timeout_s = choice.engine_ready_timeout_s
     lab = Lab(Ports.load(), options)
@@ -93,6 +95,11 @@ def up(
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
                   "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
+    console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} {lab.edge_h2_url}/nginx-health"
+                  "   (the lab's CA; docs/http2.md says how a browser trusts it)")
+    if with_console:
+        console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
+                      "presets and Stop in the browser)")
     console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
 
 

@@ -27,6 +27,7 @@ PORT_KEYS = {
     "STREAMLAB_TOXIPROXY_API_PORT": "toxiproxy_api_port",
     "STREAMLAB_GATEWAY_PORT": "gateway_port",
     "STREAMLAB_ENGINE_PORT": "engine_port",
+    "STREAMLAB_CONSOLE_PORT": "console_port",
 }
 
 

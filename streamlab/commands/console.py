@@ -1,0 +1,40 @@
+"""`streamlab console`: the lab console, a page that streams through the edge
+while you break hops and press Stop (docs/console.md).
+
+`streamlab up` starts it beside the lab; run it yourself to put it elsewhere:
+
+    streamlab console                       # lab.env's host and console port
+    streamlab console --port 9475           # STREAMLAB_CONSOLE_* settings work too
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from streamlab.topology import Ports
+
+app = typer.Typer()
+
+
+@app.command("console")
+def console(
+    host: Annotated[str | None, typer.Option(help="Listen here (default: lab.env's host).")
+                    ] = None,
+    port: Annotated[int | None, typer.Option(
+        help="Listen on this port (default: STREAMLAB_CONSOLE_PORT from lab.env).")] = None,
+) -> None:
+    """Serve the lab console: streams over every transport, toxics, presets, engine counters."""
+    import uvicorn
+
+    from streamlab.console.app import create_app
+    from streamlab.console.settings import ConsoleSettings
+
+    settings = ConsoleSettings.for_ports(Ports.load())
+    settings = settings.model_copy(update={k: v for k, v in {"host": host, "port": port}.items()
+                                           if v is not None})
+    print(f"streamlab console on http://{settings.host}:{settings.port}/ "
+          f"(streams through {settings.edge_url})", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level="warning", timeout_graceful_shutdown=2)

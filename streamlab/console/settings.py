@@ -1,0 +1,56 @@
+"""ConsoleSettings: the one typed settings object of `streamlab console`."""
+
+from __future__ import annotations
+
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from streamlab.endpoints import Endpoints
+from streamlab.topology import Ports, edge_url
+
+
+class ConsoleSettings(BaseSettings):
+    """Where the console listens and what it talks to (env prefix STREAMLAB_CONSOLE_).
+
+    The addresses are of two kinds: `edge_url` is the edge as the *browser*
+    sees it (the page streams from there); the others are what the console's
+    own server dials. In the local lab all are 127.0.0.1; in compose the
+    server dials service names while the browser uses the published edge."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMLAB_CONSOLE_", extra="ignore",
+                                      frozen=True)
+
+    host: str
+    port: int
+    edge_url: str
+    toxiproxy_url: str
+    engine_target: str  # host:port of the engine itself (GetStats), past every proxy
+    gateway_url: str  # the gateway itself, for its /metrics
+    # How often the page asks for the engine's and the gateway's counters.
+    panel_interval_ms: int = 500
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment wins over the defaults `for_ports` derives from lab.env:
+        # compose gives the console service names that way.
+        return env_settings, init_settings
+
+    @classmethod
+    def for_ports(cls, ports: Ports) -> ConsoleSettings:
+        """The lab's addresses from its ports, each overridable by STREAMLAB_CONSOLE_*."""
+        lab = Endpoints(ports)
+        return cls(host=ports.host, port=ports.console_port, edge_url=edge_url(ports),
+                   toxiproxy_url=lab.toxiproxy_url, engine_target=lab.engine_target,
+                   gateway_url=lab.gateway_url)
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the environment of a console process (lab.py starts one)."""
+        return {f"STREAMLAB_CONSOLE_{name.upper()}": str(value)
+                for name, value in self.model_dump().items()}

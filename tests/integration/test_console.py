@@ -1,0 +1,333 @@
+"""The lab console in a real browser: Debian's chromium, headless, over the
+DevTools protocol (tests/integration/browser.py), against the console that
+`Lab.up()` starts beside the lab.
+
+The page streams from the edge (another origin: nginx's CORS for the
+console's origin is on the path) and drives hops and presets through the
+console's own API, so every step below goes through the same buttons a
+person presses. What the page shows is read from `window.consoleState`;
+what the engine did is read from the engine itself, by the page (the
+console's GetStats) and, where it matters, by the test too.
+
+Screenshots go to docs/console/ (one per preset of a representative set,
+broken and fixed, and docs/console.png for the README). Set
+STREAMLAB_CONSOLE_SCREENSHOTS=all for every preset of the catalogue, =off
+for none, or to a directory to write them there instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from services.engine.backends.fake import token_text
+from streamlab.browser import Page, chromium_page, find_chromium
+from streamlab.scenarios import CATALOGUE, MODES
+from streamlab.target import LabTarget
+from streamlab.topology import HOP_NAMES, REPO_ROOT, console_url
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+DOCS = REPO_ROOT / "docs"
+VIEWPORT = {"width": 1440, "height": 1300, "deviceScaleFactor": 1, "mobile": False}
+# Presets screenshotted by default: one of each kind of failure, both modes.
+REPRESENTATIVE = ("buffering", "idle-cut", "websocket-upgrade", "poll-leak", "resume",
+                  "engine-reset", "abandoned-tab")
+# A cancel that travels page → edge → nginx → gateway → engine on a busy
+# 2-core machine (measured: tens of ms).
+STOP_TO_CANCEL_BOUND_S = 2.0
+LATENCY_MS = 500  # not the field's placeholder (600): the typed value is used
+LANE_FIELDS = ("id", "transport", "status", "ttftMs", "tokens", "indexes", "text", "bytes",
+               "requests", "heartbeats", "opens", "connectionErrors", "lastEventId",
+               "reconnects", "ends", "events", "stopped", "ended", "engine", "requestId",
+               "streamId", "ttlS")
+
+
+@pytest.fixture
+async def page(lab: LabTarget) -> AsyncIterator[Page]:
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed (scripts/install.sh installs it as root)")
+    if selected_lab_has_no_console(lab):
+        pytest.skip("this lab was started without its console")
+    async with chromium_page(chromium) as page:
+        await page.call("Emulation.setDeviceMetricsOverride", VIEWPORT)
+        await page.navigate(f"{console_url(lab.ports)}/")
+        await wait_for(page, "consoleState && consoleState.ready === true", 20, "the page ready")
+        yield page
+
+
+def selected_lab_has_no_console(lab: LabTarget) -> bool:
+    try:
+        return httpx.get(f"{console_url(lab.ports)}/healthz", timeout=2.0).status_code != 200
+    except httpx.HTTPError:
+        return True
+
+
+# ---- reading and driving the page ----------------------------------------------------------
+async def wait_for(page: Page, expression: str, timeout_s: float, what: str) -> Any:
+    """Poll a JS expression until it is truthy (its value is returned), with a deadline.
+    Page.navigate returns before the new document runs, so a ReferenceError is 'not yet'."""
+    guarded = f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()"
+    value: Any = None
+    try:
+        with anyio.fail_after(timeout_s):
+            while True:
+                value = await page.evaluate(guarded)
+                if value:
+                    return value
+                await anyio.sleep(0.05)
+    except TimeoutError as exc:
+        errors = await page.evaluate("JSON.stringify(window.consoleState?.errors ?? null)")
+        raise AssertionError(f"page never reached: {what} (last {value!r}; page errors "
+                             f"{errors})") from exc
+
+
+async def lanes(page: Page) -> list[dict[str, Any]]:
+    fields = json.dumps(LANE_FIELDS)
+    raw = await page.evaluate(
+        f"JSON.stringify(consoleState.lanes.map((l) => Object.fromEntries("
+        f"{fields}.map((k) => [k, l[k] === undefined ? null : l[k]]))))")
+    result: list[dict[str, Any]] = json.loads(raw)
+    return result
+
+
+async def lane(page: Page, lane_id: int) -> dict[str, Any]:
+    return next(entry for entry in await lanes(page) if entry["id"] == lane_id)
+
+
+async def wait_lane(page: Page, lane_id: int, check: str, timeout_s: float, what: str
+                    ) -> dict[str, Any]:
+    """Wait until `check` (JS, over `l`, the lane) holds; return the lane as data."""
+    await wait_for(page, f"(l => {check})(consoleState.lanes.find((l) => l.id === {lane_id}))",
+                   timeout_s, f"lane {lane_id}: {what}")
+    return await lane(page, lane_id)
+
+
+async def set_options(page: Page, transports: list[str], **fields: object) -> None:
+    assignments = "".join(
+        f"form.elements[{json.dumps(k)}].value = {json.dumps(str(v))};" for k, v in fields.items())
+    await page.evaluate(
+        f"(() => {{ const form = document.getElementById('options'); {assignments}"
+        f" for (const box of form.querySelectorAll('input[name=t]'))"
+        f" box.checked = {json.dumps(transports)}.includes(box.value); }})()")
+
+
+async def click(page: Page, selector: str) -> None:
+    found = await page.evaluate(
+        f"(() => {{ const b = document.querySelector({json.dumps(selector)});"
+        f" if (!b || b.disabled) return false; b.click(); return true; }})()")
+    assert found, f"no enabled button {selector}"
+
+
+async def start(page: Page, transports: list[str], **fields: object) -> list[int]:
+    """Fill the form, press Start; the new lanes' ids, in the transports' order."""
+    before = {entry["id"] for entry in await lanes(page)}
+    await set_options(page, transports, **fields)
+    await click(page, "button[data-action=start]")
+    started = [entry for entry in await lanes(page) if entry["id"] not in before]
+    assert [entry["transport"] for entry in started] == transports
+    return [entry["id"] for entry in started]
+
+
+async def screenshot(page: Page, path: Path) -> None:
+    data = await page.call("Page.captureScreenshot", {"format": "png"}, timeout_s=20)
+    await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
+    await anyio.Path(path).write_bytes(base64.b64decode(data["data"]))
+
+
+def screenshot_dir() -> Path | None:
+    chosen = os.environ.get("STREAMLAB_CONSOLE_SCREENSHOTS", "")
+    if chosen == "off":
+        return None
+    if chosen in ("", "all"):
+        return DOCS
+    return Path(chosen)
+
+
+# ---- the tests ---------------------------------------------------------------------------------
+async def test_sse_and_polling_tick_stop_cancels_and_polling_leaks_until_its_ttl(
+    page: Page, lab: LabTarget
+) -> None:
+    sse, poll = await start(page, ["sse-fetch", "poll"], answer_tokens=200, token_gap_ms=50,
+                            prefill_ms=100, job_ttl_s=1)
+    for lane_id in (sse, poll):
+        ticks = await wait_lane(page, lane_id, "l.events.filter((e) => e.kind === 'token')"
+                                ".length >= 3", 15, "three ticks on its timeline")
+        assert ticks["ttftMs"] is not None
+        assert ticks["requests"] >= 1
+        assert ticks["bytes"] > 0
+
+    await click(page, f"#lane-{sse} button[data-action=stop]")
+    stopped = await wait_lane(page, sse, "l.engine && l.engine.state === 'cancelled'",
+                              STOP_TO_CANCEL_BOUND_S + 2, "the engine's record cancelled")
+    record = stopped["engine"]
+    assert stopped["status"] == "stopped"
+    assert 0 <= record["stop_to_cancel_ms"] <= STOP_TO_CANCEL_BOUND_S * 1000, record
+    assert record["tokens_after_cancel"] <= 1, record
+    assert record["tokens_generated"] < 200
+    # The engine's own word, read by the test too.
+    engine = lab.engine_stats(stopped["requestId"]).generations[0]
+    assert engine.cancelled_at > 0
+    assert engine.tokens_generated == record["tokens_generated"]
+
+    # Polling's Stop only stops asking: the engine runs on (the leak) until the
+    # job's TTL (1 s, asked for by the page) reaps it.
+    await click(page, f"#lane-{poll} button[data-action=stop]")
+    leaking = await wait_lane(page, poll, "l.engine !== null", 5, "the engine's record read")
+    assert leaking["engine"]["state"] == "running", leaking["engine"]
+    reaped = await wait_lane(page, poll, "l.engine.state !== 'running'", 10,
+                             "the job's TTL reaping the generation")
+    assert reaped["engine"]["state"] == "cancelled"
+    assert reaped["engine"]["tokens_generated"] > reaped["tokens"], \
+        "the engine went on generating after the page stopped polling"
+
+
+async def test_a_latency_toxic_from_the_page_shifts_ttft(page: Page) -> None:
+    options = {"answer_tokens": 5, "token_gap_ms": 20, "prefill_ms": 100}
+    # The first stream pays for the browser's first connection and the CORS
+    # preflight (then cached): the clean reference is the second one.
+    for _ in range(2):
+        (before,) = await start(page, ["sse-fetch"], **options)
+        clean = await wait_lane(page, before, "l.ended", 15, "the end")
+        assert clean["status"] == "done"
+
+    await page.evaluate(f"(() => {{ const field = document.querySelector("
+                        f"'[data-hop-input=edge-latency]'); field.value = '{LATENCY_MS}';"
+                        f" field.dispatchEvent(new Event('input')); }})()")
+    await click(page, ".hop[data-hop=edge] button[data-op=latency]")
+    await wait_for(page, "consoleState.hops.edge.toxics.some((t) => t.type === 'latency')", 5,
+                   "the latency toxic listed on the edge")
+    (after,) = await start(page, ["sse-fetch"], **options)
+    slow = await wait_lane(page, after, "l.ended", 15, "the end")
+    assert slow["status"] == "done"
+    shift_ms = slow["ttftMs"] - clean["ttftMs"]
+    assert LATENCY_MS - 100 <= shift_ms <= LATENCY_MS + 900, (clean["ttftMs"], slow["ttftMs"])
+
+    await click(page, ".hop[data-hop=edge] button[data-action=remove-toxic]")
+    await wait_for(page, "consoleState.hops.edge.toxics.length === 0", 5, "the toxic removed")
+
+
+async def test_cut_edge_eventsource_resumes_with_last_event_id_and_ends_once(
+    page: Page, lab: LabTarget
+) -> None:
+    tokens = 60
+    # Every transport through the same cut; the EventSource is the one that resumes.
+    lane_id, fetch_id, ws_id, *poll_ids = await start(
+        page, ["eventsource", "sse-fetch", "websocket", "long-poll", "poll"],
+        answer_tokens=tokens, token_gap_ms=50, prefill_ms=100, grace_s=10)
+    await wait_lane(page, lane_id, "l.tokens >= 5", 15, "five tokens")
+    await click(page, ".hop[data-hop=edge] button[data-op=disable]")
+    cut = await wait_lane(page, lane_id, "l.connectionErrors >= 1", 10, "the connection lost")
+    assert cut["tokens"] < tokens, "the cut must land mid-stream"
+    await click(page, ".hop[data-hop=edge] button[data-op=enable]")
+    end = await wait_lane(page, lane_id, "l.ended && l.reconnects.every((r) => "
+                          "r.gatewaySaw !== undefined)", 30, "the end")
+
+    expected = "".join(token_text(i) for i in range(tokens))
+    assert end["status"] == "done"
+    assert end["ends"] == 1, "the terminal event arrived exactly once"
+    assert end["indexes"] == list(range(tokens)), "every token once, in order"
+    assert end["text"] == expected
+    assert [e["kind"] for e in end["events"]].count("end") == 1
+    # The reconnect sent the last id the page had, and the gateway saw that one.
+    first = end["reconnects"][0]
+    assert first["lastEventId"] == f"{end['streamId']}:{cut['tokens']}"
+    assert first["gatewaySaw"] == first["lastEventId"]
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        status = (await http.get(f"{lab.edge_url}/v1/streams/{end['streamId']}")).json()
+    assert [a["last_event_id"] for a in status["attaches"]][:2] == [None, first["lastEventId"]]
+
+    # The others, through the same cut: the SSE fetch and the socket end without
+    # their [DONE]; a poll is a fresh request each time, so polling carries on.
+    for other in (fetch_id, ws_id):
+        cut_short = await wait_lane(page, other, "l.ended", 15, "its end")
+        assert cut_short["status"] in {"error", "cut"}, cut_short["events"][-3:]
+        assert cut_short["tokens"] < tokens
+    for other in poll_ids:
+        polled = await wait_lane(page, other, "l.ended", 30, "its end")
+        assert polled["status"] == "done"
+        assert polled["indexes"] == list(range(tokens))
+    if (folder := screenshot_dir()) is not None:
+        await screenshot(page, folder / "console.png")
+
+
+def preset_names() -> list[str]:
+    every = os.environ.get("STREAMLAB_CONSOLE_SCREENSHOTS") == "all"
+    return list(CATALOGUE) if every else list(REPRESENTATIVE)
+
+
+# How long a preset's streams may take to end: the engine faults' 200-token
+# answers end at the fault, a black hole after both keepalives, a leaking job never.
+PRESET_BOUND_S = 25.0
+
+
+async def test_presets_apply_their_setup_and_run_their_streams(page: Page, lab: LabTarget) -> None:
+    folder = screenshot_dir()
+    for name in preset_names():
+        for mode in MODES:
+            await click(page, f"button[data-action=preset][data-scenario='{name}']"
+                              f"[data-mode={mode}]")
+            preset = await wait_for(page, f"consoleState.preset && consoleState.preset.scenario"
+                                          f" === '{name}' && consoleState.preset.mode === "
+                                          f"'{mode}' && consoleState.lanes.length > 0 && "
+                                          "JSON.stringify(consoleState.preset)", 10,
+                                    f"{name} [{mode}] applied")
+            preset = json.loads(preset)
+            # The setup's toxics are on (and, once the page applied it, the mid-stream fault's).
+            with lab.toxiproxy() as toxiproxy:
+                applied = {(hop, t["type"]) for hop in HOP_NAMES for t in toxiproxy.toxics(hop)}
+            setup = {(t["hop"], t["type"]) for t in preset["toxics"]}
+            fault = preset["fault"] or {"hop": "", "toxics": []}
+            assert setup <= applied <= setup | {(fault["hop"], t["type"])
+                                                 for t in fault["toxics"]}, name
+            await finish_preset(page, preset)
+            if folder is not None:
+                await screenshot(page, folder / "console" / f"{name}-{mode}.png")
+
+
+async def finish_preset(page: Page, preset: dict[str, Any]) -> None:
+    """Let the preset's streams run: press Stop where the scenario is about
+    leaving, and wait for every lane to end (or, stopped, for the engine's word)."""
+    ids = [entry["id"] for entry in await lanes(page)]
+    if preset["press_stop"]:
+        for lane_id in ids:
+            await wait_lane(page, lane_id, "l.tokens >= 3 || l.ended", 15, "three tokens")
+            await click(page, f"#lane-{lane_id} button[data-action=stop]")
+        # Then what the engine did: cancelled (fixed), or wrote on for nobody to the end.
+        for lane_id in ids:
+            await wait_lane(page, lane_id, "l.engine && l.engine.state !== 'running'",
+                            PRESET_BOUND_S, "the engine's record to end")
+        return
+    for lane_id in ids:
+        await wait_lane(page, lane_id, "l.ended", PRESET_BOUND_S, "the end")
+
+
+async def test_the_control_api_names_what_it_refuses(lab: LabTarget) -> None:
+    """The console's server translates each layer's refusal (no browser needed)."""
+    if selected_lab_has_no_console(lab):
+        pytest.skip("this lab was started without its console")
+    async with httpx.AsyncClient(base_url=console_url(lab.ports), timeout=5.0) as api:
+        bad_hop = await api.post("/api/hops/nowhere/toxics", json={"type": "latency"})
+        assert bad_hop.status_code == 404
+        assert "nowhere" in bad_hop.json()["error"]
+        bad_attribute = await api.post("/api/hops/edge/toxics",
+                                       json={"type": "latency", "attributes": {"latncy": 5}})
+        assert bad_attribute.status_code == 400
+        assert "latncy" in bad_attribute.json()["error"]
+        assert (await api.post("/api/presets/no-such/broken")).status_code == 404
+        assert (await api.post("/api/presets/buffering/sideways")).status_code == 404
+        assert (await api.get("/api/engine/generations/never-seen")).status_code == 404
+        # What does answer: the engine's counters and the gateway's figures.
+        engine = (await api.get("/api/engine")).json()
+        assert engine["running_limit"] > 0
+        gateway = (await api.get("/api/gateway")).json()
+        assert gateway["live_streams"] is not None
