@@ -95,7 +95,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         if accepted:
             await context.send_initial_metadata(headers)
         await self._admission.acquire()  # queued here; a cancel leaves the queue
-        record = self._stats.begin(generation.request_id)
+        record = self._stats.begin(
+            generation.request_id, request.sampling if request.HasField("sampling") else None)
         context.add_done_callback(lambda ctx: self._on_done(ctx, record))
         state = GenerationState.FAILED
         produced = 0
@@ -223,6 +224,7 @@ def _record_to_pb(record: GenerationRecord) -> pb.GenerationRecord:
         state=record.state.to_wire(),
         tokens_generated=record.tokens_generated,
         tokens_after_cancel=record.tokens_after_cancel,
+        sampling=record.sampling,
         started_at=record.started_at,
         cancelled_at=record.cancelled_at,
         ended_at=record.ended_at,

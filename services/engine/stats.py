@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.generation import GenerationState
 
 
@@ -26,6 +27,8 @@ class GenerationRecord:
     tokens_after_cancel: int = 0
     cancelled_at: float = 0.0
     ended_at: float = 0.0
+    # The request's sampling options, as received (None: it sent none).
+    sampling: pb.SamplingOptions | None = None
     _stats: EngineStats | None = field(default=None, repr=False)
 
     def generated(self) -> None:
@@ -62,8 +65,10 @@ class EngineStats:
         with self._lock:
             return sum(1 for r in self._records.values() if r.state is GenerationState.RUNNING)
 
-    def begin(self, request_id: str) -> GenerationRecord:
-        record = GenerationRecord(request_id=request_id, started_at=self.now(), _stats=self)
+    def begin(self, request_id: str, sampling: pb.SamplingOptions | None = None
+              ) -> GenerationRecord:
+        record = GenerationRecord(request_id=request_id, started_at=self.now(),
+                                  sampling=sampling, _stats=self)
         with self._lock:
             self.started += 1
             self._records[request_id] = record

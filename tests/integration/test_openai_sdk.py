@@ -64,6 +64,10 @@ def test_a_stream_reads_to_the_end(sdk: openai.OpenAI, lab: Lab) -> None:
     assert len([t for t in texts if t]) == 8
     record = wait_for_generation_end(lab, request_id)
     assert record.state == pb.GENERATION_STATE_COMPLETED
+    # The sampling options reached the engine (they were dropped at the gateway).
+    sampling = record.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.seed) == (0.2, 0.9, 3)
+    assert not sampling.HasField("presence_penalty")
 
 
 def test_closing_a_stream_early_cancels_the_generation(sdk: openai.OpenAI, lab: Lab) -> None:
@@ -83,16 +87,20 @@ def test_closing_a_stream_early_cancels_the_generation(sdk: openai.OpenAI, lab: 
     assert record.tokens_generated < 400
 
 
-def test_a_non_streaming_call_gets_one_completion(sdk: openai.OpenAI) -> None:
+def test_a_non_streaming_call_gets_one_completion(sdk: openai.OpenAI, lab: Lab) -> None:
+    request_id = rid("whole")
     completion = sdk.chat.completions.create(
         model=MODEL, messages=[{"role": "system", "content": "be brief"},
                                {"role": "user", "content": "hi"}],
-        max_tokens=5, extra_body=timing(answer_tokens=20))
+        max_tokens=5, extra_body=timing(answer_tokens=20),
+        extra_headers={"X-Request-Id": request_id})
     assert completion.object == "chat.completion"
     assert completion.choices[0].finish_reason == "length"
     assert completion.choices[0].message.content
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 5
+    # No sampling options sent, none recorded: the backend's defaults apply.
+    assert not wait_for_generation_end(lab, request_id).HasField("sampling")
 
 
 def test_refusals_are_the_sdk_s_typed_errors(sdk: openai.OpenAI) -> None:

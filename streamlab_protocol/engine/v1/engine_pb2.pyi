@@ -159,7 +159,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class GenerationRecord(_message.Message):
-    __slots__ = ("request_id", "state", "tokens_generated", "tokens_after_cancel", "started_at", "cancelled_at", "ended_at")
+    __slots__ = ("request_id", "state", "tokens_generated", "tokens_after_cancel", "started_at", "cancelled_at", "ended_at", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class GenerationRecord(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_AT_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     state: GenerationState
     tokens_generated: int
@@ -174,7 +175,8 @@ class GenerationRecord(_message.Message):
     started_at: float
     cancelled_at: float
     ended_at: float
-    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[GenerationState, str]] = ..., tokens_generated: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., started_at: _Optional[float] = ..., cancelled_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
+    sampling: SamplingOptions
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[GenerationState, str]] = ..., tokens_generated: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., started_at: _Optional[float] = ..., cancelled_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations", "load")
