@@ -14,8 +14,8 @@ The contract:
                               a field of the wrong type or range, a lone
                               surrogate, a limit the engine names
                         1008  refused by policy: a broken mode this gateway
-                              refuses, an unknown model (auth refuses the
-                              handshake itself, services/gateway/auth.py)
+                              refuses (auth refuses the handshake itself,
+                              services/gateway/auth.py)
                         1009  a prompt over the gateway's size limits
                         1011  the engine failed
                         1012  the gateway is draining
