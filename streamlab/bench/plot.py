@@ -94,3 +94,43 @@ def plot_slow_readers(report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+SCALE_PROCESSES = ("engine", "toxiproxy", "gateway", "nginx", "client")
+SCALE_COLOURS = {"batched": "#1f77b4", "per_stream": "#d62728"}
+
+
+def plot_scale(report: dict[str, Any], path: Path) -> None:
+    """Render `bench scale`'s report: N against inter-chunk p50/p99 and TTFT p99
+    per clock (left), µs of CPU per token per process, stacked (right)."""
+    fig, (cadence, cpu) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    cells = report["cells"]
+    clocks = list(dict.fromkeys(c["clock"] for c in cells))
+    for clock in clocks:
+        mine = [c for c in cells if c["clock"] == clock and c["icl_ms"]]
+        n = [c["streams"] for c in mine]
+        colour = SCALE_COLOURS.get(clock, "#555555")
+        cadence.plot(n, [c["icl_ms"]["p99"] for c in mine], "o-", color=colour,
+                     label=f"{clock}: inter-chunk p99")
+        cadence.plot(n, [c["icl_ms"]["p50"] for c in mine], "o--", color=colour,
+                     label=f"{clock}: inter-chunk p50", alpha=0.7)
+        cadence.plot(n, [c["ttft_ms"].get("p99", 0) for c in mine], ":", color=colour,
+                     label=f"{clock}: TTFT p99", alpha=0.7)
+    cadence.axhline(report["target_icl_p99_ms"], color="#555555", linewidth=1,
+                    linestyle="--", label="p99 target")
+    cadence.set(xscale="log", yscale="log", xlabel="concurrent streams",
+                ylabel="ms", title=f"Cadence at a {report['step_ms']} ms step, full chain")
+    cadence.legend(fontsize=8)
+
+    labels = [f"{c['clock']}\n{c['streams']}" for c in cells]
+    bottom = [0.0] * len(cells)
+    for colour, name in zip(LANE_COLOURS[1:], SCALE_PROCESSES, strict=False):
+        values = [c["us_per_token"].get(name) or 0.0 for c in cells]
+        cpu.bar(labels, values, bottom=bottom, color=colour, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    cpu.set(ylabel="µs of CPU per token", title="Where a token's CPU goes (per process)")
+    cpu.tick_params(axis="x", labelsize=7)
+    cpu.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -105,3 +105,28 @@ def plain_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> 
     for row in rows:
         table.add_row(*row)
     return table
+
+
+SCALE_COLUMNS = ("clock", "streams", "ok", "batch", "ICL p50", "p90", "p99", "TTFT p99", "load",
+                 "µs/token: engine", "toxiproxy", "gateway", "nginx", "client", "total")
+
+
+def scale_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per cell of `bench scale`: cadence (ms) and CPU per token (µs)."""
+    rows = []
+    for cell in report["cells"]:
+        icl, ttft, per = cell["icl_ms"], cell["ttft_ms"], cell["us_per_token"]
+        known = [v for v in per.values() if v is not None]
+
+        def us(name: str, per: dict[str, float | None] = per) -> str:
+            value = per.get(name)
+            return "-" if value is None else f"{value:.0f}"
+
+        rows.append([cell["clock"], str(cell["streams"]), f"{cell['completed']}",
+                     str(cell["mean_batch"] or "-"),
+                     str(icl.get("p50", "-")), str(icl.get("p90", "-")),
+                     str(icl.get("p99", "-")), str(ttft.get("p99", "-")),
+                     f"{cell['loadavg'][0]:.1f}", us("engine"), us("toxiproxy"),
+                     us("gateway"), us("nginx"), us("client"),
+                     f"{sum(known):.0f}" if known else "-"])
+    return rows
