@@ -8,10 +8,10 @@ slow stream from the edge, in one real (headless) chromium.
     fixed   the HTTP/2 origin (edge-h2, TLS): every tab's stream is one HTTP/2
             stream of one TCP connection; all seven stream at once
 
-The streams are the resume surface's (`POST /v1/streams`, created here, then
-each tab's `new EventSource(events_url)`: a GET, as EventSource must). The
-tabs are opened and loaded first (a tiny same-origin page, /nginx-health), so
-only the streams compete for connections. After HOLD_S, or as soon as all
+The streams are the resume surface's (`POST /v1/streams`, created here once
+the tabs are open, then each tab's `new EventSource(events_url)`: a GET, as
+EventSource must). The tabs are opened and loaded first (a tiny same-origin
+page, /nginx-health), so only the streams compete for connections. After HOLD_S, or as soon as all
 seven stream, the first tab is closed; the seventh's wait is from its
 EventSource's creation to its first event. Connections are counted on the
 hop's listening port in /proc/net/tcp (the browser's sockets to Toxiproxy):
@@ -143,19 +143,20 @@ async def seventh_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     flags = [trust_spki_flag([lab.tls.server_spki_sha256()])] if h2 else []
     counter = ConnectionCounter(lab.ports.host, port)
 
-    streams = await _create_streams(lab, timing)
-    try:
-        async with chromium(executable, flags) as browser:
-            pages = await _open_tabs(browser, origin)
-            sampler = asyncio.create_task(counter.run())
-            try:
-                figures = await _race(browser, pages, streams, timing)
-            finally:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
-    finally:
-        await _cancel_streams(lab, streams)
+    async with chromium(executable, flags) as browser:
+        pages = await _open_tabs(browser, origin)
+        # Created once the tabs are open (starting a browser and seven tabs can
+        # take longer than a stream lasts on a loaded machine), before the count
+        # starts: this client's connections are closed by then.
+        streams = await _create_streams(lab, timing)
+        sampler = asyncio.create_task(counter.run())
+        try:
+            figures = await _race(browser, pages, streams, timing)
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            await _cancel_streams(lab, streams)
     return {**figures, "edge_connections_peak": counter.peak,
             "edge_connections_seen": len(counter.seen)}
 
