@@ -110,6 +110,12 @@ def preset(scenario: Scenario, mode: Mode, timing: Timing) -> dict[str, Any]:
         "transports": list(transports(scenario, setup)),
         "fault": mid_stream_fault(scenario, setup),
         "press_stop": scenario.measure.__name__ in PRESS_STOP,
+        # The fetch stream's read timeout, where the setup gives the client one.
+        "watchdog_s": timing.watchdog_s if setup.watchdog else None,
+        # A setup whose client may wait forever: how long to watch it not end
+        # (as the scenario's harness does: three watchdog periods past the end).
+        "patience_s": (round(timing.model_total_s + 3 * timing.watchdog_s, 3)
+                       if setup.patience == "short" else None),
         "expect": [check.describe(timing) for check in variant.expect],
     }
 

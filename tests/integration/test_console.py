@@ -10,9 +10,10 @@ what the engine did is read from the engine itself, by the page (the
 console's GetStats) and, where it matters, by the test too.
 
 Screenshots go to docs/console/ (one per preset of a representative set,
-broken and fixed, and docs/console.png for the README). Set
-STREAMLAB_CONSOLE_SCREENSHOTS=all for every preset of the catalogue, =off
-for none, or to a directory to write them there instead.
+broken and fixed, and docs/console.png for the README):
+STREAMLAB_CONSOLE_SCREENSHOTS=off takes none, =DIR writes them there instead.
+STREAMLAB_CONSOLE_PRESETS=all runs every preset of the catalogue (minutes,
+so not by default).
 """
 
 from __future__ import annotations
@@ -148,9 +149,7 @@ def screenshot_dir() -> Path | None:
     chosen = os.environ.get("STREAMLAB_CONSOLE_SCREENSHOTS", "")
     if chosen == "off":
         return None
-    if chosen in ("", "all"):
-        return DOCS
-    return Path(chosen)
+    return Path(chosen) if chosen else DOCS
 
 
 # ---- the tests ---------------------------------------------------------------------------------
@@ -261,7 +260,7 @@ async def test_cut_edge_eventsource_resumes_with_last_event_id_and_ends_once(
 
 
 def preset_names() -> list[str]:
-    every = os.environ.get("STREAMLAB_CONSOLE_SCREENSHOTS") == "all"
+    every = os.environ.get("STREAMLAB_CONSOLE_PRESETS") == "all"
     return list(CATALOGUE) if every else list(REPRESENTATIVE)
 
 
@@ -306,6 +305,15 @@ async def finish_preset(page: Page, preset: dict[str, Any]) -> None:
         for lane_id in ids:
             await wait_lane(page, lane_id, "l.engine && l.engine.state !== 'running'",
                             PRESET_BOUND_S, "the engine's record to end")
+        return
+    if preset["patience_s"] is not None:
+        # A client that may wait forever (a black hole, no watchdog): watch it
+        # for the scenario's own patience; a watchdog ends it well within.
+        with anyio.move_on_after(preset["patience_s"]):
+            for lane_id in ids:
+                await wait_lane(page, lane_id, "l.ended", PRESET_BOUND_S, "the end")
+        ended = [entry["ended"] for entry in await lanes(page)]
+        assert all(ended) == (preset["watchdog_s"] is not None), (preset["scenario"], ended)
         return
     for lane_id in ids:
         await wait_lane(page, lane_id, "l.ended", PRESET_BOUND_S, "the end")

@@ -57,6 +57,7 @@ function readOptions() {
     prompt: value("prompt") || "hello", streamlab,
     prefix: trimmed ? `/${trimmed}/` : "/",
     graceS: number("grace_s"),
+    watchdogS: number("watchdog_s"),
   };
 }
 
@@ -71,6 +72,7 @@ function writeOptions(preset) {
   set("pause_after", s.pauses ? s.pauses[0].after_token : undefined);
   if (s.pauses) set("pause_ms", s.pauses[0].pause_ms);
   set("relay", s.relay || "direct"); set("engine_errors", s.engine_errors || "report");
+  set("watchdog_s", preset.watchdog_s);
   for (const box of form.querySelectorAll("input[name=t]")) {
     box.checked = preset.transports.includes(box.value);
   }
@@ -213,9 +215,21 @@ const drivers = {
   "sse-fetch": {
     async start(lane) {
       lane.abort = new AbortController();
-      const response = await fetch(url(lane, "v1/chat/completions"), {
-        method: "POST", headers: JSON_HEADERS, body: chatBody(lane, {stream: true}),
-        signal: lane.abort.signal});
+      const watchdogS = lane.options.watchdogS;
+      let watchdogFired = false, response;
+      const timer = watchdogS ? setTimeout(() => { watchdogFired = true; lane.abort.abort(); },
+                                           watchdogS * 1000) : null;
+      try {
+        response = await fetch(url(lane, "v1/chat/completions"), {
+          method: "POST", headers: JSON_HEADERS, body: chatBody(lane, {stream: true}),
+          signal: lane.abort.signal});
+      } catch (error) {
+        if (!watchdogFired) throw error;
+        end(lane, "error", `watchdog: no answer within ${watchdogS} s`);
+        return;
+      } finally {
+        clearTimeout(timer);
+      }
       lane.requests += 1;
       lane.requestId = response.headers.get("x-request-id") || lane.requestId;
       if (!response.ok) {
@@ -228,7 +242,12 @@ const drivers = {
       const decoder = new TextDecoder();
       let buffer = "", data = [], index = 0;
       for (;;) {
-        const {value, done} = await reader.read();
+        const {value, done} = await readWithin(reader, lane.options.watchdogS);
+        if (value === WATCHDOG) {
+          lane.abort.abort();
+          end(lane, "error", `watchdog: no byte for ${lane.options.watchdogS} s`);
+          return;
+        }
         if (done) break;
         lane.bytes += value.byteLength;
         buffer += decoder.decode(value, {stream: true});
@@ -283,6 +302,18 @@ const drivers = {
   "long-poll": {start: (lane) => pollJob(lane, 10), stop: stopPolling},
   poll: {start: (lane) => pollJob(lane, 0), stop: stopPolling},
 };
+
+// The client's read timeout (a scenario's "watchdog"): a read that brings no
+// byte within it answers WATCHDOG instead; without one, a read may wait forever.
+const WATCHDOG = Symbol("watchdog");
+function readWithin(reader, seconds) {
+  if (!seconds) return reader.read();
+  let timer;
+  const expired = new Promise((resolve) => {
+    timer = setTimeout(() => resolve({value: WATCHDOG, done: false}), seconds * 1000);
+  });
+  return Promise.race([reader.read(), expired]).finally(() => clearTimeout(timer));
+}
 
 // An EventSource hides the wire: this is the event as the gateway wrote it.
 function sseBytes(e, name) {
