@@ -46,7 +46,8 @@ def hf_engine_env(model_dir: Path, **extra: str) -> dict[str, str]:
         "STREAMLAB_HF_MODEL": str(model_dir),
         # Decode to max_tokens: a random model may say end-of-sequence at any step.
         "STREAMLAB_HF_IGNORE_EOS": "true",
-        # The engine queues what the model (one generation at a time) cannot take.
+        # Two decode together; the engine queues what the batch cannot take.
+        "STREAMLAB_HF_MAX_BATCH": "2",
         "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": "2",
         # Two cores shared by everyone's tests: one torch thread is enough for 32 wide.
         "STREAMLAB_HF_CPU_THREADS": "1",

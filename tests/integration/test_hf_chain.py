@@ -62,33 +62,43 @@ async def test_a_client_that_leaves_stops_the_model(hf_lab: Lab, http: httpx.Asy
 async def test_the_queue_is_visible_and_a_waiter_that_leaves_is_removed(
     hf_lab: Lab, http: httpx.AsyncClient
 ) -> None:
-    first, second = (f"hf-q{n}-{uuid.uuid4().hex[:8]}" for n in (1, 2))
-    started = asyncio.Event()
-    holder = asyncio.create_task(stream_chat(
+    """Two holders fill the batch (STREAMLAB_HF_MAX_BATCH=2); the third waits."""
+    holders_ids = [f"hf-hold{n}-{uuid.uuid4().hex[:8]}" for n in (1, 2)]
+    waiter_id = f"hf-wait-{uuid.uuid4().hex[:8]}"
+    started = [asyncio.Event() for _ in holders_ids]
+    holders = [asyncio.create_task(stream_chat(
         http, completions(hf_lab), chat_body("hold the model", max_tokens=LONG_ANSWER),
-        headers={"X-Request-Id": first}, on_token=lambda _: started.set()))
+        headers={"X-Request-Id": rid}, on_token=_setter(event)))
+        for rid, event in zip(holders_ids, started, strict=True)]
     waiter: asyncio.Task[object] | None = None
     try:
         async with asyncio.timeout(10):
-            await started.wait()
+            for event in started:
+                await event.wait()
         waiter = asyncio.create_task(stream_chat(
             http, completions(hf_lab), chat_body("wait for it", max_tokens=5),
-            headers={"X-Request-Id": second}))
+            headers={"X-Request-Id": waiter_id}))
         await _until(lambda: hf_lab.engine_stats().load.queue_waiting == 1)
         load = hf_lab.engine_stats().load
-        assert (load.running, load.running_limit, load.queue_limit) == (1, 1, 2)
+        assert (load.running, load.running_limit, load.queue_limit) == (2, 2, 2)
 
         waiter.cancel()  # the client closes its connection while it waits
         await _until(lambda: hf_lab.engine_stats().load.queue_waiting == 0)
         # It left before reaching the model: no generation was ever started for it.
-        assert not hf_lab.engine_stats(second).generations
-        assert hf_lab.engine_stats(first).generations[0].state == pb.GENERATION_STATE_RUNNING
+        assert not hf_lab.engine_stats(waiter_id).generations
+        for rid in holders_ids:
+            assert hf_lab.engine_stats(rid).generations[0].state == pb.GENERATION_STATE_RUNNING
     finally:
-        for task in (holder, waiter):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(holder, *([waiter] if waiter else []), return_exceptions=True)
-    await asyncio.to_thread(wait_for_generation_end, hf_lab, first)
+        tasks = [*holders, *([waiter] if waiter else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for rid in holders_ids:
+        await asyncio.to_thread(wait_for_generation_end, hf_lab, rid)
+
+
+def _setter(event: asyncio.Event) -> Callable[[str], None]:
+    return lambda _: event.set()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:

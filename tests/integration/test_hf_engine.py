@@ -108,8 +108,8 @@ async def test_a_cancel_stops_decoding_at_the_next_step(tiny_model_dir: Path) ->
         await poll(lambda: _ended(stub, "leaver"), "the cancel reaches the engine")
         at_end = await record(stub, "leaver")
 
-        # The decode thread runs generations in order: once a later one is done,
-        # any step of the cancelled one still in flight has finished.
+        # One decode thread: once a later generation is done, any step of the
+        # cancelled one still in flight has finished.
         async for _ in stub.Generate(pb.GenerateRequest(request_id="next", prompt="hi",
                                                         max_tokens=3), timeout=60):
             pass
@@ -125,7 +125,9 @@ async def test_a_cancel_stops_decoding_at_the_next_step(tiny_model_dir: Path) ->
 async def test_one_decodes_one_waits_one_is_refused_and_a_cancelled_waiter_leaves(
     tiny_model_dir: Path
 ) -> None:
-    async with running_engine(hf_settings(tiny_model_dir, queued=1, ignore_eos=True)) as stub:
+    # A batch of one: the running limit is the backend's STREAMLAB_HF_MAX_BATCH.
+    settings = hf_settings(tiny_model_dir, queued=1, ignore_eos=True, max_batch=1)
+    async with running_engine(settings) as stub:
         running = stub.Generate(pb.GenerateRequest(request_id="running", prompt="a",
                                                     max_tokens=LONG_ANSWER), timeout=60)
         await running.read()  # the first token: it holds the model

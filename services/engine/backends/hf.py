@@ -1,26 +1,36 @@
-"""The transformers backend: a causal LM decoded one step at a time, off the event loop.
+"""The transformers backend: continuous batching on one decode thread, off the event loop.
 
-    gRPC handler task (event loop)            decode thread (one, shared)
-    ─────────────────────────────             ───────────────────────────
-    (the engine's admission queue has given it the model: max_concurrency = 1)
-    loop: await run_in_executor(step) ──────▶ step(): one forward pass with the
-                                               KV cache, pick a token, count it
-                                               (tracker.generated()), detokenise
-          ◀────────────────────────────────── the text it completes ("" if none)
-          yield text (gRPC write)
-    finally: decode.close()                    the cache is dropped by close(), or
-                                               by the step in flight when it ends
+    gRPC handler tasks (event loop)           decode thread ("hf-decode", one per engine)
+    ───────────────────────────────           ───────────────────────────────────────────
+    (the engine's admission queue lets in up to max_concurrency = STREAMLAB_HF_MAX_BATCH)
+    submit(sequence) ───────────────────────▶ between two steps: prefill it (a forward
+                                               pass of its own), its first token, then
+                                               its cache joins the batch (hf_batch.py)
+                                               each step: ONE forward pass over every
+                                               sequence in the batch, one token each,
+                                               tracker.generated(), detokenise
+    await sequence.take() ◀─────────────────── the text, into the sequence's ready queue
+    yield text (gRPC write)
+    finally: close(sequence) ───────────────▶ before the next step: its row leaves the
+                                               batch and its KV cache is freed
 
-Cancellation: the handler is cancelled at its `await` on the step. The step in
-flight (at most one) finishes, is counted (so `tokens_after_cancel` ≤ 1), sees
-the generation closed and drops the KV cache; no further step is submitted.
-On a GPU that returns the cache's memory (`torch.cuda.memory_allocated`);
-PyTorch keeps it reserved for the next request rather than giving it back to
-the driver.
+Cancellation: the handler is cancelled at its `await` on the ready queue, and
+its `finally` closes the sequence. The step in flight (at most one) finishes
+and is counted (so `tokens_after_cancel` ≤ 1); the next step is taken without
+that row, as TGI's filter-batch does. On a GPU that returns the row's memory
+(`torch.cuda.memory_allocated`); PyTorch keeps it reserved for the next request.
 
-The loop never runs ahead of the gRPC stream: the next step is submitted when
-the previous token has been handed to grpc, so a slow reader slows the model
-down instead of piling up tokens (the fake model behaves the same way).
+Flow control: a sequence's ready queue holds at most MAX_READY tokens. A
+reader that is behind (gRPC flow control holds the handler's `yield`) fills
+it; its row then leaves the batch, its cache kept aside, and comes back (as a
+join, without a prefill) once the reader takes a token. So a slow reader
+slows only its own sequence; the others keep their step, and the model never
+runs ahead of a reader by more than MAX_READY tokens.
+
+Errors: a prompt the model cannot take (empty, too long) and a failure in a
+sequence's own prefill end that sequence only; a failure in a batched step
+(out of device memory → RESOURCE_EXHAUSTED) ends every sequence in that step,
+since the step's output is lost for all of them, and drops the batch.
 
 Importing this module imports torch: `make_backend` imports it only when the
 engine is configured with `backend=hf`.
@@ -29,11 +39,12 @@ engine is configured with `backend=hf`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncGenerator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +60,7 @@ from services.engine.backends.base import (
     TokenTracker,
 )
 from services.engine.backends.detokenize import IncrementalDetokenizer
+from services.engine.backends.hf_batch import PaddedBatch, RowCache, batchable
 from services.engine.settings import HFSettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -152,91 +164,218 @@ def render_prompt(tokenizer: Any, request: GenerationInput) -> tuple[str, bool]:
     return "\n".join([*lines, "assistant:"]), True
 
 
-class _Decode:
-    """One generation on the model. `step` runs only on the decode thread;
-    `close` may run on the event loop at any moment (a cancel)."""
+# Tokens a sequence's ready queue holds for a reader that is behind before its
+# row leaves the batch. Small: the model runs at most this far ahead of a reader,
+# yet a reader a step or two behind (the event loop busy) keeps its seat.
+MAX_READY = 4
 
-    def __init__(self, loaded: LoadedModel, request: GenerationInput, settings: HFSettings,
-                 tracker: TokenTracker, generator: torch.Generator | None) -> None:
-        self._m = loaded
-        self._request = request
-        self._settings = settings
-        self._tracker = tracker
-        self._generator = generator
-        self._lock = threading.Lock()
-        self._closed = False
-        self._in_step = False
-        self._cache: Any = None
-        self._next: torch.Tensor | None = None
-        self._detok: IncrementalDetokenizer | None = None
-        self._max_new = request.max_tokens
+
+class _End:
+    """The decode thread's last item for a sequence: it finished (end of sequence or length)."""
+
+
+_END = _End()
+
+
+class _Sequence:
+    """One generation. `closed` and `ready` are shared with the event loop under
+    the decode loop's lock; everything else belongs to the decode thread."""
+
+    def __init__(self, request: GenerationInput, tracker: TokenTracker,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.tracker = tracker
+        self.loop = loop
+        self.wake = asyncio.Event()
+        self.ready: deque[str | _End | BackendError] = deque()
+        self.closed = False
+        self.length = 0  # tokens in its KV cache
+        self.next_id = 0  # the token the next step feeds it
+        self.detok: IncrementalDetokenizer | None = None
+        self.max_new = request.max_tokens
         self.prompt_tokens = 0
         self.produced = 0
-        self.finished = False
         self.by_length = False
+        self.ended = False  # finished or failed: it leaves the batch
+        self.held: RowCache | None = None  # its cache while its reader is behind
 
-    def step(self) -> str:
-        """One decode step (the first one is the prefill). Returns the text it completes."""
-        with self._lock:
-            if self._closed:
-                return ""
-            self._in_step = True
-        try:
-            return self._step()
-        except torch.cuda.OutOfMemoryError as exc:
-            raise BackendError("out_of_memory", f"the device ran out of memory: {exc}",
-                               status="RESOURCE_EXHAUSTED") from exc
-        except RuntimeError as exc:
-            raise BackendError("model_error", f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            with self._lock:
-                self._in_step = False
-                if self._closed:
-                    self._release()
+    def full(self) -> bool:
+        return len(self.ready) >= MAX_READY
 
-    def close(self) -> str:
-        """Stop: no further step runs. Returns text held back by the detokeniser."""
-        with self._lock:
-            self._closed = True
-            if not self._in_step:
-                self._release()
-        return self._detok.flush() if self._detok is not None and self.finished else ""
 
-    def _release(self) -> None:
-        self._cache = None
-        self._next = None
+class _DecodeLoop:
+    """The decode thread and the batch it owns (see the module doc)."""
 
-    def _step(self) -> str:
-        m = self._m
+    def __init__(self, loaded: LoadedModel, settings: HFSettings,
+                 generator: torch.Generator | None, batched: bool) -> None:
+        self._m = loaded
+        self._settings = settings
+        self._generator = generator
+        # A model whose cache cannot be padded runs one sequence at a time
+        # (max_concurrency 1), fed as transformers feeds it: no mask, no positions.
+        self._batched = batched
+        self._cond = threading.Condition()
+        self._joining: list[_Sequence] = []
+        self._stopping = False
+        # Decode thread only: the batch's rows in order, and those held out of it.
+        self._batch = PaddedBatch()
+        self._rows: list[_Sequence] = []
+        self._held: list[_Sequence] = []
+        self.steps = 0  # forward passes: prefills and batched steps
+        self.step_tokens = 0  # tokens they made (step_tokens / steps: the mean batch)
+        self._thread = threading.Thread(target=self._run, name="hf-decode", daemon=True)
+        self._thread.start()
+
+    # ---- the event loop's side ------------------------------------------------------
+    def submit(self, seq: _Sequence) -> None:
+        with self._cond:
+            self._joining.append(seq)
+            self._cond.notify()
+
+    def close(self, seq: _Sequence) -> None:
+        """No step after the one in flight makes a token for it."""
+        with self._cond:
+            seq.closed = True
+            if seq in self._joining:
+                self._joining.remove(seq)
+            self._cond.notify()
+
+    async def take(self, seq: _Sequence) -> str | _End | BackendError:
+        while True:
+            with self._cond:
+                if seq.ready:
+                    was_full = seq.full()
+                    item = seq.ready.popleft()
+                    if was_full:  # its row may be held out: it can come back
+                        self._cond.notify()
+                    return item
+                seq.wake.clear()
+            await seq.wake.wait()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    # ---- the decode thread ----------------------------------------------------------
+    def _run(self) -> None:
         with torch.inference_mode():
-            inputs = self._prefill_inputs() if self._cache is None else self._next
-            kwargs: dict[str, Any] = {m.cache_arg: self._cache, "use_cache": True}
-            if m.keeps_one_logit:
-                kwargs["logits_to_keep"] = 1
-            logits = m.model(inputs, **kwargs).logits[:, -1, :]
-            token = self._pick(logits)
-        # Counted the moment the model has produced it, before it leaves (and
-        # even when a cancel arrived during this step: that is wasted work).
-        self._tracker.generated()
-        self.produced += 1
-        token_id = int(token.item())
-        self._next = token.view(1, 1)
-        if token_id in m.eos_ids and not self._settings.ignore_eos:
-            self.finished = True
-            return ""
-        if self.produced >= self._max_new:
-            self.finished = self.by_length = True
-        assert self._detok is not None
-        return self._detok.push(token_id)
+            while (joining := self._next_round()) is not None:
+                try:
+                    self._round(joining)
+                except Exception as exc:  # a bug here must not hang every caller
+                    log.exception("hf decode loop")
+                    self._fail_all(joining, BackendError(
+                        "model_error", f"{type(exc).__name__}: {exc}"))
 
-    def _prefill_inputs(self) -> torch.Tensor:
+    def _next_round(self) -> list[_Sequence] | None:
+        """Wait for work; then, under the lock, take the joiners and settle who
+        stays in the batch: a close or a full ready queue seen here counts
+        before the next step."""
+        with self._cond:
+            while not self._stopping and not self._has_work():
+                self._cond.wait()
+            if self._stopping:
+                return None
+            joining, self._joining = self._joining, []
+            stay = [i for i, s in enumerate(self._rows) if not s.closed and not s.full()]
+            hold = [i for i, s in enumerate(self._rows) if not s.closed and s.full()]
+            back = [s for s in self._held if not s.closed and not s.full()]
+            self._held = [s for s in self._held if not s.closed and s.full()]
+        for i in hold:
+            self._rows[i].held = self._batch.take(i)
+            self._held.append(self._rows[i])
+        self._batch.keep(stay)
+        self._rows = [self._rows[i] for i in stay]
+        self._add(back)
+        return joining
+
+    def _has_work(self) -> bool:
+        return bool(self._joining
+                    or any(s.closed or not s.full() for s in self._rows)
+                    or any(s.closed or not s.full() for s in self._held))
+
+    def _round(self, joining: list[_Sequence]) -> None:
+        for seq in joining:
+            self._prefill(seq)
+        if self._rows:
+            self._step()
+
+    def _add(self, seqs: list[_Sequence]) -> None:
+        rows = []
+        for seq in seqs:
+            assert seq.held is not None
+            rows.append(seq.held)
+            seq.held = None
+        self._batch.add(rows)
+        self._rows.extend(seqs)
+
+    def _prefill(self, seq: _Sequence) -> None:
         m = self._m
-        text, special = render_prompt(m.tokenizer, self._request)
+        try:
+            ids = self._prompt_ids(seq)
+            cache = _new_cache(m.model.config)
+            logits = self._forward(torch.tensor([ids], dtype=torch.long, device=m.device),
+                                   cache, None, None)
+        except BackendError as exc:
+            self._fail(seq, exc)
+            return
+        except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+            self._fail(seq, _model_error(exc))
+            return
+        self.steps += 1
+        seq.length = len(ids)
+        self._emit(seq, int(self._pick(logits)[0]))
+        if not seq.ended:
+            seq.held = RowCache.from_cache(cache)
+            self._add([seq])
+
+    def _step(self) -> None:
+        """One forward pass over every row: one token for each sequence."""
+        rows, device = self._rows, self._m.device
+        ids = torch.tensor([[s.next_id] for s in rows], dtype=torch.long, device=device)
+        mask = self._batch.grow()
+        positions = torch.tensor([[s.length] for s in rows], dtype=torch.long, device=device)
+        try:
+            if self._batched:
+                logits = self._forward(ids, self._batch.cache, mask, positions)
+            else:
+                logits = self._forward(ids, self._batch.cache, None, None)
+        except RuntimeError as exc:
+            # The step's output is lost for every row: they all end, and the
+            # batch's memory goes with them.
+            error = _model_error(exc)
+            for seq in rows:
+                self._fail(seq, error)
+            self._rows, self._batch = [], PaddedBatch()
+            return
+        self.steps += 1
+        for seq, token in zip(rows, self._pick(logits).tolist(), strict=True):
+            seq.length += 1
+            self._emit(seq, int(token))
+        keep = [i for i, s in enumerate(rows) if not s.ended]
+        self._batch.keep(keep)
+        self._rows = [rows[i] for i in keep]
+
+    def _forward(self, ids: torch.Tensor, cache: Any, mask: torch.Tensor | None,
+                 positions: torch.Tensor | None) -> torch.Tensor:
+        m = self._m
+        kwargs: dict[str, Any] = {m.cache_arg: cache, "use_cache": True}
+        if mask is not None:
+            kwargs.update(attention_mask=mask, position_ids=positions)
+        if m.keeps_one_logit:
+            kwargs["logits_to_keep"] = 1
+        logits: torch.Tensor = m.model(ids, **kwargs).logits[:, -1, :]
+        return logits
+
+    def _prompt_ids(self, seq: _Sequence) -> list[int]:
+        m = self._m
+        text, special = render_prompt(m.tokenizer, seq.request)
         ids: list[int] = list(m.tokenizer(text, add_special_tokens=special)["input_ids"])
         if not ids:
             raise BackendError("empty_prompt", "the prompt tokenises to nothing",
                                status="INVALID_ARGUMENT")
-        self.prompt_tokens = len(ids)
+        seq.prompt_tokens = len(ids)
         if m.max_positions is not None:
             room = m.max_positions - len(ids)
             if room < 1:
@@ -244,16 +383,64 @@ class _Decode:
                     "prompt_too_long",
                     f"the prompt is {len(ids)} tokens; the model's context is {m.max_positions}",
                     status="INVALID_ARGUMENT")
-            self._max_new = min(self._max_new, room)
-        self._detok = IncrementalDetokenizer(m.tokenizer, context_ids=ids)
-        self._cache = _new_cache(m.model.config)
-        return torch.tensor([ids], dtype=torch.long, device=m.device)
+            seq.max_new = min(seq.max_new, room)
+        seq.detok = IncrementalDetokenizer(m.tokenizer, context_ids=ids)
+        return ids
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         if self._settings.temperature <= 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / self._settings.temperature, dim=-1)
         return torch.multinomial(probs, 1, generator=self._generator).view(-1)
+
+    def _emit(self, seq: _Sequence, token_id: int) -> None:
+        # Counted the moment the model has produced it, before it leaves (and
+        # even when a cancel arrived during this step: that is wasted work).
+        seq.tracker.generated()
+        self.step_tokens += 1
+        seq.produced += 1
+        seq.next_id = token_id
+        assert seq.detok is not None
+        items: list[str | _End | BackendError] = []
+        if token_id in self._m.eos_ids and not self._settings.ignore_eos:
+            seq.ended = True
+        else:
+            items.append(seq.detok.push(token_id))
+            if seq.produced >= seq.max_new:
+                seq.ended = seq.by_length = True
+        if seq.ended:
+            items += [seq.detok.flush(), _END]
+        self._put(seq, [item for item in items if item != ""])
+
+    def _fail(self, seq: _Sequence, error: BackendError) -> None:
+        seq.ended = True
+        seq.held = None
+        self._put(seq, [error])
+
+    def _fail_all(self, joining: list[_Sequence], error: BackendError) -> None:
+        for seq in [*joining, *self._rows, *self._held]:
+            if not seq.ended:
+                self._fail(seq, error)
+        self._rows, self._held, self._batch = [], [], PaddedBatch()
+
+    def _put(self, seq: _Sequence, items: list[str | _End | BackendError]) -> None:
+        if not items:
+            return
+        with self._cond:
+            seq.ready.extend(items)
+        # RuntimeError: the event loop is gone (the engine is shutting down).
+        with contextlib.suppress(RuntimeError):
+            seq.loop.call_soon_threadsafe(seq.wake.set)
+
+
+def _model_error(exc: RuntimeError) -> BackendError:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        error = BackendError("out_of_memory", f"the device ran out of memory: {exc}",
+                             status="RESOURCE_EXHAUSTED")
+    else:
+        error = BackendError("model_error", f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def _new_cache(config: Any) -> Any:
@@ -264,30 +451,31 @@ def _new_cache(config: Any) -> Any:
 
 
 class HFModel:
-    """Concurrency: one generation decodes at a time, no batching (one sequence
-    per forward pass; two interleaved decode loops would each run at half speed
-    while both held a KV cache). The engine queues the others, bounded and FIFO,
-    and refuses past the bound; a waiter whose caller leaves leaves the queue.
-    Serving many users at once is a batching server's job: put vLLM or
-    llama.cpp's server behind the `openai` backend for that."""
+    """Concurrency: up to STREAMLAB_HF_MAX_BATCH generations decode together,
+    one forward pass per step over all of them (the engine's admission queues
+    the rest, bounded and FIFO, and refuses past the bound; a waiter whose
+    caller leaves leaves the queue). A model whose KV cache cannot be padded
+    and cut (sliding-window layers) decodes one at a time."""
 
     name = "hf"
     # Accepted at once: a queue wait or a prefill is silence the gateway covers with pings.
     defers_acceptance = False
-    max_concurrency: int | None = 1
 
     def __init__(self, settings: HFSettings) -> None:
         self._settings = settings
         self._loaded = load(settings)
-        # One thread: one generation decodes at a time (max_concurrency), and a
-        # cancelled generation's last step must finish before the next begins.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-decode")
-        self._generator: torch.Generator | None = None
+        batched = batchable(_new_cache(self._loaded.model.config))
+        self.max_concurrency: int | None = settings.max_batch if batched else 1
+        if not batched and settings.max_batch > 1:
+            log.warning("hf backend: %s's KV cache has layers the batch cannot pad "
+                        "(sliding window?): one generation at a time", settings.model)
+        generator: torch.Generator | None = None
         if settings.temperature > 0:
-            self._generator = torch.Generator(device=self._loaded.device)
-            self._generator.manual_seed(settings.seed)
-        log.info("hf backend: %s on %s (%s)", settings.model, self._loaded.device,
-                 self._loaded.dtype)
+            generator = torch.Generator(device=self._loaded.device)
+            generator.manual_seed(settings.seed)
+        self._decode = _DecodeLoop(self._loaded, settings, generator, batched)
+        log.info("hf backend: %s on %s (%s), batch up to %d", settings.model,
+                 self._loaded.device, self._loaded.dtype, self.max_concurrency)
 
     def options(self, request: pb.GenerateRequest) -> None:
         return None  # a real model: the fake model's timing means nothing here
@@ -295,20 +483,18 @@ class HFModel:
     async def generate(
         self, request: GenerationInput, options: None, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
-        loop = asyncio.get_running_loop()
-        decode = _Decode(self._loaded, request, self._settings, tracker, self._generator)
+        seq = _Sequence(request, tracker, asyncio.get_running_loop())
+        self._decode.submit(seq)
         try:
-            while not decode.finished:
-                text = await loop.run_in_executor(self._executor, decode.step)
-                if text:
-                    yield text
+            while not isinstance(item := await self._decode.take(seq), _End):
+                if isinstance(item, BackendError):
+                    raise item
+                yield item
         finally:
-            tail = decode.close()
-        if tail:
-            yield tail
-        yield GenerationSummary(prompt_tokens=decode.prompt_tokens,
-                                completion_tokens=decode.produced,
-                                finished_by_length=decode.by_length)
+            self._decode.close(seq)
+        yield GenerationSummary(prompt_tokens=seq.prompt_tokens,
+                                completion_tokens=seq.produced,
+                                finished_by_length=seq.by_length)
 
     def finished_by_length(self, request: GenerationInput, options: None, produced: int) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
@@ -316,7 +502,9 @@ class HFModel:
     def load(self) -> BackendLoad:
         device = self._loaded.device
         memory = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        return BackendLoad(device=str(device), device_memory_allocated=memory)
+        return BackendLoad(device=str(device), device_memory_allocated=memory,
+                           decode_steps=self._decode.steps,
+                           decode_step_tokens=self._decode.step_tokens)
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._decode.stop()
