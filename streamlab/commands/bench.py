@@ -228,3 +228,47 @@ def cancel(
         console.print(table)
     if not report.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+def gpu(
+    model: Annotated[str, typer.Option(help="A model directory (save_pretrained); "
+                                            "default: random weights of --size.")] = "",
+    size: Annotated[str, typer.Option(help="The random model: tiny or gpt2-small.")] = "tiny",
+    device: Annotated[str, typer.Option(help="auto, cuda, cuda:1, cpu.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16, float32.")] = "auto",
+    batches: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8,32",
+    max_tokens: Annotated[int, typer.Option(min=2, help="Tokens per generation.")] = 64,
+    cancel_after: Annotated[int, typer.Option(min=1, help="Tokens before a cancel.")] = 4,
+    cpu_threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0: all).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """The hf backend on its device (no lab needed): tokens/s, TTFT, step time,
+    cancel latency, tokens after a cancel and device memory at each batch size.
+    Exits 1 if a cancel let more than one token through or memory did not come back."""
+    from typing import cast
+
+    from rich.table import Table
+
+    from streamlab.bench.gpu import COLUMNS, DType, GpuBenchOptions, run_gpu_bench, table_rows
+
+    dtypes = {"auto", "bfloat16", "float16", "float32"}
+    if dtype not in dtypes:
+        raise typer.BadParameter(f"--dtype {dtype!r}: one of {', '.join(sorted(dtypes))}")
+    options = GpuBenchOptions(
+        model=model or None, size=size, device=device, dtype=cast(DType, dtype),
+        batches=tuple(int(b) for b in batches.split(",")), max_tokens=max_tokens,
+        cancel_after=cancel_after, cpu_threads=cpu_threads)
+    report = asyncio.run(run_gpu_bench(options))
+    if as_json:
+        print(json.dumps(report.figures(), indent=2))
+    else:
+        table = Table(*COLUMNS, title=f"{report.model} ({report.parameters / 1e6:.2f} M "
+                                      f"parameters) on {report.device}, dtype {report.dtype}")
+        for row in table_rows(report):
+            table.add_row(*row)
+        console.print(table)
+    for failure in report.failures:
+        err.print(f"FAIL {failure}")
+    if not report.passed:
+        raise typer.Exit(1)

@@ -1,0 +1,294 @@
+"""`streamlab bench gpu`: the hf backend on its device, at several batch sizes.
+
+Starts an engine with the hf backend in this process (STREAMLAB_HF_MAX_BATCH
+= the largest batch asked for) and drives it over gRPC, as the gateway would.
+For each batch size B:
+
+  decode   B generations started at once, `max_tokens` each: tokens/s over
+           the whole batch (all tokens / wall time), TTFT, the step time (the
+           median gap between one stream's tokens: every step makes one token
+           for every running sequence, so that gap is the step), and the mean
+           batch the engine saw (GetStats: tokens / forward passes);
+  cancel   B long generations; once each has `cancel_after` tokens, one is
+           cancelled while the others run (the time until the engine saw it
+           and until its generation ended, and the tokens its model made
+           after the cancel, read once the others made two more steps), then
+           the rest; device memory (bytes held by tensors) before, at the peak
+           and after: it must come back.
+
+A check fails (exit 1 from the command) when a cancel let more than one token
+through, memory did not come back on a GPU, or a generation did not end.
+Imports torch: the command imports this module only when it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import torch
+
+from services.engine.random_model import build
+from services.engine.server import create_server
+from services.engine.settings import EngineSettings, HFSettings
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
+
+PROMPTS = [
+    "Write a long story about a café owner who counts tokens one by one.",
+    "Explain how a KV cache works.",
+    "List the planets.",
+    "Tell me about Tokyo (東京) at night.",
+]
+# Tokens the other rows make after a cancel before its record is read: the
+# step in flight when it came has finished by then.
+STEPS_AFTER_CANCEL = 2
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class GpuBenchOptions:
+    model: str | None = None  # a save_pretrained directory; None: random weights of `size`
+    size: str = "tiny"
+    device: str = "auto"
+    dtype: DType = "auto"
+    batches: tuple[int, ...] = (1, 8, 32)
+    max_tokens: int = 64
+    cancel_after: int = 4
+    cancel_max_tokens: int = 2000
+    cpu_threads: int = 0
+
+
+@dataclass
+class BatchFigures:
+    batch: int
+    tokens: int
+    tokens_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_max: float
+    step_ms: float
+    mean_batch: float
+    cancel_seen_ms: float
+    cancel_ended_ms: float
+    tokens_after_cancel_one: int  # the one cancelled while the others ran
+    tokens_after_cancel_max: int  # over all B cancelled generations
+    memory_before: int
+    memory_peak: int
+    memory_after: int
+
+
+@dataclass
+class GpuReport:
+    device: str
+    dtype: str
+    model: str
+    parameters: int
+    max_batch: int
+    rows: list[BatchFigures] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def figures(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def row(self, batch: int) -> BatchFigures:
+        return next(r for r in self.rows if r.batch == batch)
+
+
+async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
+    model_dir = options.model or str(
+        build(Path(tempfile.mkdtemp(prefix="bench-gpu-")) / options.size, options.size))
+    max_batch = max(options.batches)
+    settings = EngineSettings(
+        host="127.0.0.1", port=0, backend="hf", max_running_generations=max_batch,
+        max_queued_generations=max_batch,
+        # ignore_eos: every generation is max_tokens long, so batch sizes compare.
+        hf=HFSettings(model=model_dir, device=options.device, dtype=options.dtype,
+                      ignore_eos=True, max_batch=max_batch, cpu_threads=options.cpu_threads))
+    engine = await create_server(settings)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}")
+    stub = pb_grpc.EngineServiceStub(channel)
+    try:
+        load = (await _stats(stub)).load
+        report = GpuReport(device=load.device, dtype=options.dtype, model=model_dir,
+                           parameters=_parameters(model_dir), max_batch=load.running_limit)
+        if load.running_limit < max_batch:
+            report.failures.append(f"the engine runs {load.running_limit} at once, "
+                                   f"not {max_batch} (a model the batch cannot pad?)")
+        await _decode(stub, "warmup", 2, 4)  # kernels, allocator, caches
+        for batch in options.batches:
+            report.rows.append(await _batch_row(stub, options, batch, report))
+        return report
+    finally:
+        await channel.close()
+        await engine.stop(0)
+
+
+async def _batch_row(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, batch: int,
+                     report: GpuReport) -> BatchFigures:
+    before = (await _stats(stub)).load
+    start = time.perf_counter()
+    streams = await _decode(stub, f"b{batch}", batch, options.max_tokens)
+    wall = time.perf_counter() - start
+    after = (await _stats(stub)).load
+    tokens = sum(s.tokens for s in streams)
+    gaps = [statistics.median(s.gaps) for s in streams if s.gaps]
+    ttfts = [s.ttft_s * 1000 for s in streams]
+    steps = after.decode_steps - before.decode_steps
+    cancel = await _cancels(stub, options, batch, report)
+    return BatchFigures(
+        batch=batch, tokens=tokens, tokens_per_s=round(tokens / wall, 1),
+        ttft_ms_p50=round(statistics.median(ttfts), 1), ttft_ms_max=round(max(ttfts), 1),
+        step_ms=round(statistics.median(gaps) * 1000, 2) if gaps else float("nan"),
+        mean_batch=round((after.decode_step_tokens - before.decode_step_tokens) / steps, 2)
+        if steps else 0.0,
+        **cancel)
+
+
+@dataclass
+class _Stream:
+    ttft_s: float = 0.0
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+
+async def _decode(stub: pb_grpc.EngineServiceStub, tag: str, count: int,
+                  max_tokens: int) -> list[_Stream]:
+    return await asyncio.gather(*(_one(stub, f"{tag}-{i}", PROMPTS[i % len(PROMPTS)],
+                                       max_tokens) for i in range(count)))
+
+
+async def _one(stub: pb_grpc.EngineServiceStub, request_id: str, prompt: str,
+               max_tokens: int) -> _Stream:
+    stream = _Stream()
+    start = last = time.perf_counter()
+    async for response in stub.Generate(pb.GenerateRequest(
+            request_id=request_id, prompt=prompt, max_tokens=max_tokens), timeout=600):
+        if response.HasField("token"):
+            now = time.perf_counter()
+            if stream.ttft_s == 0.0:
+                stream.ttft_s = now - start
+            else:
+                stream.gaps.append(now - last)
+            last = now
+        elif response.HasField("finish"):
+            # Model tokens, not chunks: a chunk may hold several tokens' text.
+            stream.tokens = response.finish.usage.completion_tokens
+    return stream
+
+
+async def _cancels(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, batch: int,
+                   report: GpuReport) -> dict[str, Any]:
+    cuda = report.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    memory_before = (await _stats(stub)).load.device_memory_allocated
+    ids = [f"c{batch}-{i}" for i in range(batch)]
+    calls = [stub.Generate(pb.GenerateRequest(request_id=rid, prompt=PROMPTS[i % len(PROMPTS)],
+                                              max_tokens=options.cancel_max_tokens),
+                           timeout=600) for i, rid in enumerate(ids)]
+    counts = [0] * batch
+    enough = [asyncio.Event() for _ in ids]
+    ticks = [asyncio.Event() for _ in ids]  # set at each of a stream's tokens
+    readers = [asyncio.create_task(_count(call, counts, enough, ticks, i, options.cancel_after))
+               for i, call in enumerate(calls)]
+    try:
+        await asyncio.gather(*(e.wait() for e in enough))
+        readers[0].cancel()
+        calls[0].cancel()
+        cancelled_at = time.monotonic()  # the clock the engine's records use
+        ended = await _ended_record(stub, ids[0])
+        if batch > 1:  # the others step on; the step in flight at the cancel is done
+            seen = counts[1]
+            while counts[1] < seen + STEPS_AFTER_CANCEL and not readers[1].done():
+                ticks[1].clear()
+                await asyncio.wait_for(ticks[1].wait(), timeout=60)
+        one = await _ended_record(stub, ids[0])
+    finally:
+        for call, reader in zip(calls, readers, strict=True):
+            reader.cancel()
+            call.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    await _decode(stub, f"after-c{batch}", 1, 2)  # steps in flight at the cancels are done
+    records = [await _ended_record(stub, rid) for rid in ids]
+    memory_after = (await _stats(stub)).load.device_memory_allocated
+    for r in records:
+        if r.state != pb.GENERATION_STATE_CANCELLED:
+            report.failures.append(f"{r.request_id} ended {pb.GenerationState.Name(r.state)}")
+        if r.tokens_after_cancel > 1:
+            report.failures.append(f"{r.request_id}: {r.tokens_after_cancel} tokens after "
+                                   "the cancel")
+    if cuda and memory_after > memory_before:
+        report.failures.append(f"batch {batch}: device memory did not come back: "
+                               f"{memory_before} → {memory_after} bytes")
+    return {
+        "cancel_seen_ms": round((ended.cancelled_at - cancelled_at) * 1000, 2),
+        "cancel_ended_ms": round((ended.ended_at - cancelled_at) * 1000, 2),
+        "tokens_after_cancel_one": one.tokens_after_cancel,
+        "tokens_after_cancel_max": max(r.tokens_after_cancel for r in records),
+        "memory_before": memory_before,
+        "memory_peak": torch.cuda.max_memory_allocated() if cuda else 0,
+        "memory_after": memory_after,
+    }
+
+
+async def _count(call: Any, counts: list[int], enough: list[asyncio.Event],
+                 ticks: list[asyncio.Event], index: int, after: int) -> None:
+    async for response in call:
+        if response.HasField("token"):
+            counts[index] += 1
+            ticks[index].set()
+            if counts[index] >= after:
+                enough[index].set()
+
+
+async def _stats(stub: pb_grpc.EngineServiceStub, request_id: str = "") -> pb.GetStatsResponse:
+    response: pb.GetStatsResponse = await stub.GetStats(
+        pb.GetStatsRequest(request_id=request_id), timeout=5)
+    return response
+
+
+async def _ended_record(stub: pb_grpc.EngineServiceStub, request_id: str,
+                        timeout_s: float = 30.0) -> pb.GenerationRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = (await _stats(stub, request_id)).generations
+        if found and found[0].state != pb.GENERATION_STATE_RUNNING:
+            return found[0]
+        await asyncio.sleep(0.001)
+    raise TimeoutError(f"{request_id} did not end within {timeout_s} s")
+
+
+def _parameters(model_dir: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):  # counts without allocating
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+COLUMNS = ("batch", "tokens/s", "TTFT p50 ms", "TTFT max ms", "step ms", "mean batch",
+           "cancel seen ms", "cancel ended ms", "tokens after cancel (one · max)",
+           "memory before · peak · after MiB")
+
+
+def table_rows(report: GpuReport) -> list[list[str]]:
+    def mib(n: int) -> str:
+        return f"{n / 2**20:.1f}"
+
+    return [[str(r.batch), f"{r.tokens_per_s:.0f}", f"{r.ttft_ms_p50:.1f}",
+             f"{r.ttft_ms_max:.1f}", f"{r.step_ms:.2f}", f"{r.mean_batch:.2f}",
+             f"{r.cancel_seen_ms:.2f}", f"{r.cancel_ended_ms:.2f}",
+             f"{r.tokens_after_cancel_one} · {r.tokens_after_cancel_max}",
+             f"{mib(r.memory_before)} · {mib(r.memory_peak)} · {mib(r.memory_after)}"
+             if report.device.startswith("cuda") else "(CPU: not measured)"]
+            for r in report.rows]

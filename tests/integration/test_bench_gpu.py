@@ -1,0 +1,41 @@
+"""`streamlab bench gpu` on the CPU with the tiny model: the command a GPU machine
+runs, known to work before one is at hand (short: few tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamlab.topology import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_gpu_reports_each_batch_size_on_the_cpu(tiny_model_dir: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "streamlab", "bench", "gpu", "--device", "cpu",
+         "--model", str(tiny_model_dir),
+         "--batches", "1,8,32", "--max-tokens", "8", "--cpu-threads", "1", "--json"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["device"] == "cpu"
+    assert report["max_batch"] == 32
+    assert report["failures"] == []
+    rows = {r["batch"]: r for r in report["rows"]}
+    assert sorted(rows) == [1, 8, 32]
+    for batch, row in rows.items():
+        assert row["tokens"] == batch * 8
+        assert row["tokens_per_s"] > 0
+        assert row["step_ms"] > 0
+        assert 0 < row["ttft_ms_p50"] <= row["ttft_ms_max"]
+        assert row["tokens_after_cancel_max"] <= 1
+        assert 0 <= row["cancel_seen_ms"] <= row["cancel_ended_ms"]
+    # Batched: one forward pass served several sequences.
+    assert rows[1]["mean_batch"] == 1.0
+    assert rows[8]["mean_batch"] > 1.0
+    assert rows[32]["mean_batch"] > rows[8]["mean_batch"]
