@@ -12,8 +12,9 @@ The streams are the resume surface's (`POST /v1/streams`, created here once
 the tabs are open, then each tab's `new EventSource(events_url)`: a GET, as
 EventSource must). The tabs are opened and loaded first (a tiny same-origin
 page, /nginx-health), so only the streams compete for connections. After HOLD_S, or as soon as all
-seven stream, the first tab is closed; the seventh's wait is from its
-EventSource's creation to its first event. Connections are counted on the
+seven stream, another tab is closed; the seventh's wait (the tab still
+waiting, whichever the browser queued) is from its EventSource's creation to
+its first event. Connections are counted on the
 hop's listening port in /proc/net/tcp (the browser's sockets to Toxiproxy):
 this host's network namespace, so the browser must run here.
 
@@ -163,7 +164,11 @@ async def seventh_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
 
 async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, Any]],
                 timing: Timing) -> Figures:
-    """Start the seven EventSources, hold, close the first tab, wait for the seventh."""
+    """Start the seven EventSources, hold, close a streaming tab, wait for the seventh.
+
+    "The seventh" is the tab still waiting when the hold ends (whichever one
+    the browser queued: it need not be the last one started), or the last
+    one started when none waits."""
     for page, stream in zip(pages, streams, strict=True):
         await page.evaluate(_start_script(stream["events_url"]))
     started = time.monotonic()
@@ -173,9 +178,10 @@ async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, Any
         states = await _states(pages)
     at_once = _streaming(states)
 
+    waiting = [p for p, s in zip(pages, states, strict=True) if s.get("first") is None]
+    seventh = waiting[0] if waiting else pages[-1]
     closed_at_ms = time.time() * 1000
-    await browser.close_page(pages[0])
-    seventh = pages[-1]
+    await browser.close_page(next(p for p in pages if p is not seventh))
     deadline = time.monotonic() + HOLD_S + 10 * timing.tolerance_s + 5.0
     state = await _tab_state(seventh) or {}
     while state.get("first") is None and time.monotonic() < deadline:
