@@ -219,7 +219,10 @@ def ws_frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0,
     if not masked:
         return head + payload
     key = os.urandom(4)
-    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    # XOR as one big integer: a megabyte masks in milliseconds.
+    mask = (key * (n // 4 + 1))[:n]
+    body = (int.from_bytes(payload, "big") ^ int.from_bytes(mask, "big")).to_bytes(n, "big")
+    return head + key + body
 
 
 def text(payload: str | bytes) -> bytes:
@@ -469,9 +472,12 @@ def catalogue() -> list[Case]:
     ]
     for name, request in nginx_cases:
         add("nginx", name, "4xx", raw_http(request))
-    # nginx drops a header line without a colon (ignore_invalid_headers) and serves the rest.
+    # nginx drops a header line without a colon, or with a name it does not
+    # accept (ignore_invalid_headers), and serves the rest.
     add("nginx", "header without a colon", "served",
         raw_http(http_request(b"GET", b"/v1/models", b"NoColon\r\n")))
+    add("non-ascii header", "a non-ASCII header name", "served",
+        raw_http(http_request(b"GET", b"/v1/models", "X-Café: 1\r\n".encode())))
     for method in ("PUT", "PATCH", "DELETE", "GET"):
         add("nginx", f"{method} /v1/chat/completions (the gateway's 405)", "4xx",
             via_httpx(method, "/v1/chat/completions"))
@@ -516,6 +522,14 @@ def catalogue() -> list[Case]:
         ("ping over 125 bytes", ws_frame(0x9, b"x" * 126), 1002),
     ]:
         add("websocket", name, "close", ws(frame), close_code=code, json_reason=False)
+    # A frame over the WebSocket layer's 16 MiB: it closes 1009 at the frame's
+    # header. Only the header is sent: a client still pushing 16 MiB would see
+    # its connection reset (TCP resets a socket closed with unread data) before
+    # it could read the close frame, on any server.
+    over = 16 * 1024 * 1024 + 1
+    add("websocket", "a frame announcing 16 MiB + 1", "close",
+        ws(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", over) + os.urandom(4)),
+        close_code=1009, json_reason=False)
     add("websocket", "a close frame first", "close",
         ws(ws_frame(0x8, struct.pack("!H", 1000))), close_code=1000, json_reason=False)
     return cases
