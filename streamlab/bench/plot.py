@@ -119,7 +119,8 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
     cadence.axhline(report["target_icl_p99_ms"], color="#555555", linewidth=1,
                     linestyle="--", label="p99 target")
     cadence.set(xscale="log", xlabel="concurrent streams", ylabel="ms (linear below 10)",
-                title=f"Cadence at a {report['step_ms']} ms step, full chain")
+                title=f"Cadence at a {report['step_ms']} ms step, entering at "
+                      f"{report.get('entry', 'edge')}")
     # symlog: an inter-chunk p50 of 0 (tokens bunched into one read) stays on the plot.
     cadence.set_yscale("symlog", linthresh=10)
     cadence.set_ylim(bottom=0)

@@ -2,7 +2,8 @@
 and where each token's CPU goes.
 
     a) cadence   N streams at a 20 ms step through the full chain (client ─▶ edge
-                 ─▶ nginx ─▶ upstream ─▶ gateway ─▶ engine hop ─▶ engine), N swept
+                 ─▶ nginx ─▶ upstream ─▶ gateway ─▶ engine hop ─▶ engine), or
+                 entering at nginx or the gateway (`entry`), N swept
                  (10, 50, 100, 200, 400, ...) until inter-chunk p99 passes 30 ms;
                  the engine's batched clock and per-stream timers side by side,
                  interleaved N by N so that load from elsewhere lands on both
@@ -139,12 +140,21 @@ def lab_settings(lab: LabTarget, largest: int) -> Iterator[Callable[[str], None]
             lab.start_service("gateway")
 
 
-def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms: int
-                 ) -> ScaleCell:
+# Where the streams enter: the full chain, or past its first hops (P2 asks for
+# the break point "via nginx alone" beside the full chain's).
+ENTRIES = ("edge", "nginx", "gateway")
+
+
+def entry_url(lab: LabTarget, entry: str) -> str:
+    return {"edge": lab.edge_url, "nginx": lab.nginx_url, "gateway": lab.gateway_url}[entry]
+
+
+def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms: int,
+                 entry: str = "edge") -> ScaleCell:
     pids = pids_of(lab, "bench scale reads each process's CPU")
     meters: dict[str, ProcessTreeMeter] = {
         name: ProcessTreeMeter(pids[name]) for name in PROCESSES if name in pids}
-    edge = urlsplit(lab.edge_url)
+    edge = urlsplit(entry_url(lab, entry))
     body = chat_body("scale", max_tokens=tokens, prefill_ms=10, token_gap_ms=step_ms,
                      answer_tokens=tokens, heartbeat_s=0)
     steps_before = lab.engine_stats().load
@@ -170,7 +180,8 @@ def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms:
 def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
               step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS,
               on_cell: Callable[[ScaleCell], None] = lambda cell: None,
-              stop_p99_ms: float = 4 * TARGET_ICL_P99_MS) -> dict[str, Any]:
+              stop_p99_ms: float = 4 * TARGET_ICL_P99_MS, entry: str = "edge"
+              ) -> dict[str, Any]:
     """Cell a) with b) read in the same runs. Each N runs every clock in turn.
     The break point of a clock is the first N whose inter-chunk p99 passes the
     target; the sweep goes on past it (the curve is the point of the plot) and
@@ -183,7 +194,7 @@ def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
             gone = 0
             for clock in clocks:
                 use_clock(clock)
-                cell = cadence_cell(lab, clock, streams, tokens, step_ms)
+                cell = cadence_cell(lab, clock, streams, tokens, step_ms, entry)
                 cells.append(cell)
                 on_cell(cell)
                 if not cell.on_cadence():
@@ -193,7 +204,7 @@ def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                     gone += 1
             if gone == len(clocks):
                 break
-    return {"tokens": tokens, "step_ms": step_ms, "sweep": list(sweep),
+    return {"tokens": tokens, "step_ms": step_ms, "sweep": list(sweep), "entry": entry,
             "target_icl_p99_ms": TARGET_ICL_P99_MS,
             "break_points": {c: broken.get(c) for c in clocks},
             "cells": [c.as_json() for c in cells]}
