@@ -193,11 +193,14 @@ async def test_sse_and_polling_tick_stop_cancels_and_polling_leaks_until_its_ttl
 async def test_a_latency_toxic_from_the_page_shifts_ttft(page: Page) -> None:
     options = {"answer_tokens": 5, "token_gap_ms": 20, "prefill_ms": 100}
     # The first stream pays for the browser's first connection and the CORS
-    # preflight (then cached): the clean reference is the second one.
-    for _ in range(2):
+    # preflight (then cached); the best of three is the clean reference, so a
+    # busy moment on a shared machine does not hide the toxic's shift.
+    clean_ttfts = []
+    for _ in range(3):
         (before,) = await start(page, ["sse-fetch"], **options)
         clean = await wait_lane(page, before, "l.ended", 15, "the end")
         assert clean["status"] == "done"
+        clean_ttfts.append(clean["ttftMs"])
 
     await page.evaluate(f"(() => {{ const field = document.querySelector("
                         f"'[data-hop-input=edge-latency]'); field.value = '{LATENCY_MS}';"
@@ -208,8 +211,8 @@ async def test_a_latency_toxic_from_the_page_shifts_ttft(page: Page) -> None:
     (after,) = await start(page, ["sse-fetch"], **options)
     slow = await wait_lane(page, after, "l.ended", 15, "the end")
     assert slow["status"] == "done"
-    shift_ms = slow["ttftMs"] - clean["ttftMs"]
-    assert LATENCY_MS - 100 <= shift_ms <= LATENCY_MS + 900, (clean["ttftMs"], slow["ttftMs"])
+    shift_ms = slow["ttftMs"] - min(clean_ttfts)
+    assert LATENCY_MS - 100 <= shift_ms <= LATENCY_MS + 900, (clean_ttfts, slow["ttftMs"])
 
     await click(page, ".hop[data-hop=edge] button[data-action=remove-toxic]")
     await wait_for(page, "consoleState.hops.edge.toxics.length === 0", 5, "the toxic removed")
