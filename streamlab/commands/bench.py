@@ -272,3 +272,98 @@ def gpu(
         err.print(f"FAIL {failure}")
     if not report.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+def scale(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    sweep: Annotated[str, typer.Option(help="Stream counts to try, comma-separated; stops "
+                                            "after every clock broke cadence.")
+                     ] = "10,50,100,200,400",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 100,
+    step_ms: Annotated[int, typer.Option(min=1, help="The engine's step (each stream's gap).")
+                       ] = 20,
+    clocks: Annotated[str, typer.Option(help="Engine clocks to compare.")
+                      ] = "batched,per_stream",
+    entry: Annotated[str, typer.Option(help="Where streams enter: edge (the full chain), "
+                                            "nginx or gateway.")] = "edge",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the cadence and CPU PNG here (a "
+                                                   "directory: scale.png inside it).")
+                    ] = None,
+) -> None:
+    """N paced streams through the full chain: inter-chunk p50/p99 and TTFT p99 as N grows,
+    the engine's batched clock vs per-stream timers, and µs of CPU per token per process."""
+    from streamlab.bench.scale import ScaleCell, run_scale
+    from streamlab.bench.tables import SCALE_COLUMNS, plain_table, scale_rows
+
+    lab = attached(run_dir)
+    if lab.pids is None:
+        err.print("[red]Reads each process's CPU and restarts the engine: local labs only.[/]")
+        raise typer.Exit(1)
+    counts = tuple(int(x) for x in sweep.split(",") if x.strip())
+    names = tuple(c.strip() for c in clocks.split(",") if c.strip())
+
+    def on_cell(cell: ScaleCell) -> None:
+        icl = cell.load.icl_ms
+        err.print(f"{cell.clock:>10} · {cell.streams:>4} streams: inter-chunk p50 "
+                  f"{icl.get('p50')} p99 {icl.get('p99')} ms, {cell.load.completed}/"
+                  f"{cell.streams} complete, load {cell.loadavg[0]:.1f}")
+
+    if entry not in ("edge", "nginx", "gateway"):
+        raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
+    report = run_scale(lab, counts, tokens, step_ms, names, on_cell, entry=entry)
+    if plot is not None:
+        from streamlab.bench import plot as plots
+
+        target = plot / "scale.png" if plot.suffix != ".png" else plot
+        plots.plot_scale(report, target)
+        err.print(f"plot written to {target}")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(plain_table(f"Scale · {tokens} tokens per stream at a {step_ms} ms step, "
+                              f"entering at {entry} · ms and µs/token", SCALE_COLUMNS,
+                              scale_rows(report)))
+    console.print(f"break points (inter-chunk p99 > 30 ms): {report['break_points']}")
+
+
+@app.command()
+def load(
+    url: Annotated[str, typer.Argument(help="Where to send the streams (the edge by default).")
+                   ] = "",
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    streams: Annotated[int, typer.Option(help="Streams at once (fixed concurrency).")] = 100,
+    rate: Annotated[float, typer.Option(help="Open loop instead: Poisson arrivals per "
+                                             "second.")] = 0.0,
+    duration_s: Annotated[float, typer.Option(help="How long arrivals go on (with --rate).")
+                          ] = 10.0,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per stream.")] = 100,
+    gap_ms: Annotated[int, typer.Option(min=0, help="The model's gap between tokens.")] = 20,
+    heartbeat_s: Annotated[float, typer.Option(help="Heartbeat per stream (0: none).")] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Raw-socket load through a lab: TTFT and inter-chunk percentiles, and the
+    load generator's own CPU per token (so you can see it was not the limit)."""
+    from urllib.parse import urlsplit
+
+    from services.client.openai_stream import chat_body
+    from streamlab.bench.load import run_load
+
+    target = urlsplit(url or f"{attached(run_dir).edge_url}/v1/chat/completions")
+    body = chat_body("load", max_tokens=tokens, prefill_ms=10, token_gap_ms=gap_ms,
+                     answer_tokens=tokens, heartbeat_s=heartbeat_s)
+    result = asyncio.run(run_load(target.hostname or "127.0.0.1", target.port or 80,
+                                  target.path or "/v1/chat/completions", body,
+                                  streams=0 if rate else streams, rate=rate,
+                                  duration_s=duration_s))
+    figures = result.as_json()
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("figure", "value", title="load")
+    for key, value in figures.items():
+        table.add_row(key.replace("_", " "), str(value))
+    console.print(table)
