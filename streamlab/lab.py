@@ -17,6 +17,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from streamlab import nginx, processes, tls
 from streamlab.console.settings import ConsoleSettings
@@ -238,6 +241,21 @@ class Lab(Endpoints):
         for name, entry in state["services"].items():
             lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))
         return lab
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """The services, and the console's row when this lab started one."""
+        result = super().status()
+        console = self.running.get(CONSOLE)
+        if console is not None:
+            url = console_url(self.ports)
+            try:
+                healthy = http_ok(f"{url}/healthz")
+            except httpx.HTTPError:
+                healthy = False
+            result[CONSOLE] = {"url": f"{url}/", "port": self.ports.console_port,
+                               "pid": console.pid, "running": processes.alive(console),
+                               "healthy": healthy}
+        return result
 
     def _running(self, name: str, healthy: bool) -> bool:
         running = self.running.get(name)
