@@ -9,8 +9,12 @@ gRPC client over TCP, as the gateway would:
      cancel to the engine seeing it and to the generation ending, tokens the
      model produced after the cancel, and the device memory held by tensors
      before and after (it must come back: the KV caches are freed);
-  3. a burst of concurrent requests: the queue depth the engine reports, and
-     TTFT including the wait for the model (the backend decodes one at a time).
+  3. a burst of concurrent requests: they decode together (the backend batches
+     up to STREAMLAB_HF_MAX_BATCH), the queue depth the engine reports past
+     that, and TTFT including any wait.
+
+Step time, tokens/s and cancels against the batch size: `streamlab bench gpu`
+(streamlab/bench/gpu.py), which grew from this script.
 
 With no --model it builds a model with random weights (GPT-2 small's body, a
 tokenizer trained here), so nothing is downloaded. On a GPU machine:

@@ -67,7 +67,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self._stats = stats
         self._settings = settings
         # A backend that runs fewer generations at once than the engine allows
-        # (the hf backend decodes one at a time) sets the slots: the rest queue
+        # (the hf backend: its batch size) sets the slots: the rest queue
         # here, visible in GetStats, and past the queue are refused before any
         # header, which the gateway turns into a 429.
         running = settings.max_running_generations

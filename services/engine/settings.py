@@ -79,7 +79,7 @@ class EngineSettings(BaseSettings):
     backend: Literal["fake", "hf", "openai"] = "fake"
     # Generations running at once (GPU slots), and how many more may wait for
     # one; past both the engine answers RESOURCE_EXHAUSTED at once. A backend
-    # with a concurrency of its own lowers the first (the hf backend: 1).
+    # with a concurrency of its own lowers the first (the hf backend: its max_batch).
     max_running_generations: int = Field(64, ge=1)
     max_queued_generations: int = Field(64, ge=0)
     # Upper bound on max_tokens a request may ask for.
