@@ -5,10 +5,12 @@ Starts an engine with the hf backend in this process (STREAMLAB_HF_MAX_BATCH
 For each batch size B:
 
   decode   B generations started at once, `max_tokens` each: tokens/s over
-           the whole batch (all tokens / wall time), TTFT, the step time (the
-           median gap between one stream's tokens: every step makes one token
-           for every running sequence, so that gap is the step), and the mean
-           batch the engine saw (GetStats: tokens / forward passes);
+           the whole batch (all tokens / wall time), TTFT, the model's step
+           time (the decode thread's own clock around each batched step, and
+           the rows it served on average), the gap between one stream's tokens
+           as its reader sees it (the step, plus the engine's and this
+           client's work on the event loop), and the mean batch the engine saw
+           (GetStats: tokens / forward passes, prefills included);
   cancel   B long generations; once each has `cancel_after` tokens, one is
            cancelled while the others run (the time until the engine saw it
            and until its generation ended, and the tokens its model made
@@ -34,6 +36,7 @@ from typing import Any, Literal
 import grpc
 import torch
 
+from services.engine.backends.hf import HFModel
 from services.engine.random_model import build
 from services.engine.server import create_server
 from services.engine.settings import EngineSettings, HFSettings
@@ -72,7 +75,9 @@ class BatchFigures:
     tokens_per_s: float
     ttft_ms_p50: float
     ttft_ms_max: float
-    step_ms: float
+    model_step_ms: float
+    rows_per_step: float
+    token_gap_ms: float
     mean_batch: float
     cancel_seen_ms: float
     cancel_ended_ms: float
@@ -114,7 +119,9 @@ async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
         # ignore_eos: every generation is max_tokens long, so batch sizes compare.
         hf=HFSettings(model=model_dir, device=options.device, dtype=options.dtype,
                       ignore_eos=True, max_batch=max_batch, cpu_threads=options.cpu_threads))
-    engine = await create_server(settings)
+    # Built here, not by create_server, to read the decode thread's step clock.
+    backend = await asyncio.to_thread(HFModel, settings.hf)
+    engine = await create_server(settings, backend)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}")
     stub = pb_grpc.EngineServiceStub(channel)
     try:
@@ -126,20 +133,22 @@ async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
                                    f"not {max_batch} (a model the batch cannot pad?)")
         await _decode(stub, "warmup", 2, 4)  # kernels, allocator, caches
         for batch in options.batches:
-            report.rows.append(await _batch_row(stub, options, batch, report))
+            report.rows.append(await _batch_row(stub, backend, options, batch, report))
         return report
     finally:
         await channel.close()
         await engine.stop(0)
+        await backend.aclose()
 
 
-async def _batch_row(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, batch: int,
-                     report: GpuReport) -> BatchFigures:
-    before = (await _stats(stub)).load
+async def _batch_row(stub: pb_grpc.EngineServiceStub, backend: HFModel,
+                     options: GpuBenchOptions, batch: int, report: GpuReport) -> BatchFigures:
+    before, clock = (await _stats(stub)).load, backend.step_timing
     start = time.perf_counter()
     streams = await _decode(stub, f"b{batch}", batch, options.max_tokens)
     wall = time.perf_counter() - start
-    after = (await _stats(stub)).load
+    after, ticked = (await _stats(stub)).load, backend.step_timing
+    batched = ticked.steps - clock.steps
     tokens = sum(s.tokens for s in streams)
     gaps = [statistics.median(s.gaps) for s in streams if s.gaps]
     ttfts = [s.ttft_s * 1000 for s in streams]
@@ -148,7 +157,10 @@ async def _batch_row(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, 
     return BatchFigures(
         batch=batch, tokens=tokens, tokens_per_s=round(tokens / wall, 1),
         ttft_ms_p50=round(statistics.median(ttfts), 1), ttft_ms_max=round(max(ttfts), 1),
-        step_ms=round(statistics.median(gaps) * 1000, 2) if gaps else float("nan"),
+        model_step_ms=round((ticked.seconds - clock.seconds) / batched * 1000, 2)
+        if batched else float("nan"),
+        rows_per_step=round((ticked.rows - clock.rows) / batched, 2) if batched else 0.0,
+        token_gap_ms=round(statistics.median(gaps) * 1000, 2) if gaps else float("nan"),
         mean_batch=round((after.decode_step_tokens - before.decode_step_tokens) / steps, 2)
         if steps else 0.0,
         **cancel)
@@ -276,7 +288,8 @@ def _parameters(model_dir: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-COLUMNS = ("batch", "tokens/s", "TTFT p50 ms", "TTFT max ms", "step ms", "mean batch",
+COLUMNS = ("batch", "tokens/s", "TTFT p50 ms", "TTFT max ms", "model step ms", "rows/step",
+           "token gap ms", "mean batch",
            "cancel seen ms", "cancel ended ms", "tokens after cancel (one · max)",
            "memory before · peak · after MiB")
 
@@ -286,7 +299,8 @@ def table_rows(report: GpuReport) -> list[list[str]]:
         return f"{n / 2**20:.1f}"
 
     return [[str(r.batch), f"{r.tokens_per_s:.0f}", f"{r.ttft_ms_p50:.1f}",
-             f"{r.ttft_ms_max:.1f}", f"{r.step_ms:.2f}", f"{r.mean_batch:.2f}",
+             f"{r.ttft_ms_max:.1f}", f"{r.model_step_ms:.2f}", f"{r.rows_per_step:.2f}",
+             f"{r.token_gap_ms:.2f}", f"{r.mean_batch:.2f}",
              f"{r.cancel_seen_ms:.2f}", f"{r.cancel_ended_ms:.2f}",
              f"{r.tokens_after_cancel_one} · {r.tokens_after_cancel_max}",
              f"{mib(r.memory_before)} · {mib(r.memory_peak)} · {mib(r.memory_after)}"

@@ -31,7 +31,9 @@ def test_bench_gpu_reports_each_batch_size_on_the_cpu(tiny_model_dir: Path) -> N
     for batch, row in rows.items():
         assert row["tokens"] == batch * 8
         assert row["tokens_per_s"] > 0
-        assert row["step_ms"] > 0
+        assert row["model_step_ms"] > 0
+        assert row["token_gap_ms"] > 0
+        assert 1 <= row["rows_per_step"] <= batch
         assert 0 < row["ttft_ms_p50"] <= row["ttft_ms_max"]
         assert row["tokens_after_cancel_max"] <= 1
         assert 0 <= row["cancel_seen_ms"] <= row["cancel_ended_ms"]
@@ -39,3 +41,4 @@ def test_bench_gpu_reports_each_batch_size_on_the_cpu(tiny_model_dir: Path) -> N
     assert rows[1]["mean_batch"] == 1.0
     assert rows[8]["mean_batch"] > 1.0
     assert rows[32]["mean_batch"] > rows[8]["mean_batch"]
+    assert rows[8]["rows_per_step"] > 1.0

@@ -43,6 +43,7 @@ import contextlib
 import inspect
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -203,6 +204,16 @@ class _Sequence:
         return len(self.ready) >= MAX_READY
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """Batched decode steps so far: how many, their wall time (inputs, forward
+    pass, picking the tokens) and the rows they served. For benchmarks."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    rows: int = 0
+
+
 class _DecodeLoop:
     """The decode thread and the batch it owns (see the module doc)."""
 
@@ -223,6 +234,8 @@ class _DecodeLoop:
         self._held: list[_Sequence] = []
         self.steps = 0  # forward passes: prefills and batched steps
         self.step_tokens = 0  # tokens they made (step_tokens / steps: the mean batch)
+        self.timing = StepTiming()  # the batched steps alone (prefills excluded)
+        self._out: list[tuple[_Sequence, list[str | _End | BackendError]]] = []
         self._thread = threading.Thread(target=self._run, name="hf-decode", daemon=True)
         self._thread.start()
 
@@ -298,8 +311,10 @@ class _DecodeLoop:
     def _round(self, joining: list[_Sequence]) -> None:
         for seq in joining:
             self._prefill(seq)
+            self._deliver()
         if self._rows:
             self._step()
+            self._deliver()
 
     def _add(self, seqs: list[_Sequence]) -> None:
         rows = []
@@ -333,6 +348,7 @@ class _DecodeLoop:
     def _step(self) -> None:
         """One forward pass over every row: one token for each sequence."""
         rows, device = self._rows, self._m.device
+        started = time.perf_counter()
         ids = torch.tensor([[s.next_id] for s in rows], dtype=torch.long, device=device)
         mask = self._batch.grow()
         positions = torch.tensor([[s.length] for s in rows], dtype=torch.long, device=device)
@@ -350,7 +366,11 @@ class _DecodeLoop:
             self._rows, self._batch = [], PaddedBatch()
             return
         self.steps += 1
-        for seq, token in zip(rows, self._pick(logits).tolist(), strict=True):
+        tokens = self._pick(logits).tolist()  # waits for the device: the step is done
+        self.timing = StepTiming(self.timing.steps + 1,
+                                 self.timing.seconds + time.perf_counter() - started,
+                                 self.timing.rows + len(rows))
+        for seq, token in zip(rows, tokens, strict=True):
             seq.length += 1
             self._emit(seq, int(token))
         keep = [i for i, s in enumerate(rows) if not s.ended]
@@ -422,15 +442,33 @@ class _DecodeLoop:
             if not seq.ended:
                 self._fail(seq, error)
         self._rows, self._held, self._batch = [], [], PaddedBatch()
+        self._deliver()
 
     def _put(self, seq: _Sequence, items: list[str | _End | BackendError]) -> None:
-        if not items:
+        if items:
+            self._out.append((seq, items))
+
+    def _deliver(self) -> None:
+        """Hand over what the last forward pass made: one lock and one wake-up of
+        the event loop for the whole batch, not one per sequence."""
+        out, self._out = self._out, []
+        if not out:
             return
         with self._cond:
-            seq.ready.extend(items)
-        # RuntimeError: the event loop is gone (the engine is shutting down).
-        with contextlib.suppress(RuntimeError):
-            seq.loop.call_soon_threadsafe(seq.wake.set)
+            for seq, items in out:
+                seq.ready.extend(items)
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+        for seq, _ in out:
+            by_loop.setdefault(seq.loop, []).append(seq.wake)
+        for loop, events in by_loop.items():
+            # RuntimeError: the event loop is gone (the engine is shutting down).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_all, events)
+
+
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
 
 
 def _model_error(exc: RuntimeError) -> BackendError:
@@ -498,6 +536,10 @@ class HFModel:
 
     def finished_by_length(self, request: GenerationInput, options: None, produced: int) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
+
+    @property
+    def step_timing(self) -> StepTiming:
+        return self._decode.timing
 
     def load(self) -> BackendLoad:
         device = self._loaded.device
