@@ -15,7 +15,7 @@ from typing import Any
 
 from streamlab.scenarios import CATALOGUE, MODES, Mode, Scenario, Setup, Timing
 from streamlab.scenarios.engine_faults import FAULT_AFTER, FAULT_TOKENS
-from streamlab.scenarios.lifecycle import job_tokens
+from streamlab.scenarios.lifecycle import LEAVE_AFTER, SILENT_PREFILL_MS, job_tokens
 from streamlab.scenarios.model import THINK_AFTER_TOKEN
 from streamlab.toxiproxy import Toxic
 
@@ -48,8 +48,12 @@ ENGINE_FAULT_TOXICS: dict[str, tuple[Toxic, ...]] = {
 # The resume cut: the hop goes down for this long after a few tokens, then the
 # browser's EventSource (or nobody, in the broken mode) comes back.
 RESUME_CUT_AFTER, RESUME_CUT_MS = 5, 1000
-# Scenarios that leave the Stop button to the user (the client leaving is the point).
-PRESS_STOP = {"abandoned_tab", "abandoned_prefill", "abandoned_job"}
+# Scenarios that leave the Stop button to the user (the client leaving is the
+# point), and after how many tokens to press it (0: in the silent prefill).
+PRESS_STOP = {"abandoned_tab": LEAVE_AFTER, "abandoned_prefill": 0,
+              "abandoned_job": LEAVE_AFTER}
+# Long enough for a person to press Stop in time (the measure's own client is faster).
+PRESS_STOP_TOKENS = 100
 # Request options the gateway takes from a setup's knobs (docs/api.md).
 REQUEST_KNOBS = ("relay", "engine_errors", "job_ttl_s")
 
@@ -64,6 +68,10 @@ def request_options(scenario: Scenario, setup: Setup, timing: Timing) -> dict[st
         options["answer_tokens"] = FAULT_TOKENS
     elif scenario.measure.__name__ == "abandoned_job":
         options["answer_tokens"] = job_tokens(timing)
+    elif scenario.measure.__name__ == "abandoned_tab":
+        options["answer_tokens"] = PRESS_STOP_TOKENS
+    elif scenario.measure.__name__ == "abandoned_prefill":
+        options["prefill_ms"] = SILENT_PREFILL_MS
     if setup.think_pause:
         options["pauses"] = [{"after_token": THINK_AFTER_TOKEN,
                               "pause_ms": round(timing.think_s * 1000)}]
@@ -110,6 +118,7 @@ def preset(scenario: Scenario, mode: Mode, timing: Timing) -> dict[str, Any]:
         "transports": list(transports(scenario, setup)),
         "fault": mid_stream_fault(scenario, setup),
         "press_stop": scenario.measure.__name__ in PRESS_STOP,
+        "stop_after_tokens": PRESS_STOP.get(scenario.measure.__name__),
         # The fetch stream's read timeout, where the setup gives the client one.
         "watchdog_s": timing.watchdog_s if setup.watchdog else None,
         # A setup whose client may wait forever: how long to watch it not end

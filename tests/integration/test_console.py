@@ -228,6 +228,7 @@ async def test_cut_edge_eventsource_resumes_with_last_event_id_and_ends_once(
         answer_tokens=tokens, token_gap_ms=50, prefill_ms=100, grace_s=10)
     await wait_lane(page, lane_id, "l.tokens >= 5", 15, "five tokens")
     await click(page, ".hop[data-hop=edge] button[data-op=disable]")
+    await wait_for(page, "consoleState.hops.edge.enabled === false", 5, "the edge shown disabled")
     cut = await wait_lane(page, lane_id, "l.connectionErrors >= 1", 10, "the connection lost")
     assert cut["tokens"] < tokens, "the cut must land mid-stream"
     await click(page, ".hop[data-hop=edge] button[data-op=enable]")
@@ -313,8 +314,10 @@ async def finish_preset(page: Page, preset: dict[str, Any]) -> None:
     leaving, and wait for every lane to end (or, stopped, for the engine's word)."""
     ids = [entry["id"] for entry in await lanes(page)]
     if preset["press_stop"]:
+        after = preset["stop_after_tokens"]
         for lane_id in ids:
-            await wait_lane(page, lane_id, "l.tokens >= 3 || l.ended", 15, "three tokens")
+            await wait_lane(page, lane_id, f"l.status === 'streaming' && l.tokens >= {after}", 15,
+                            f"streaming, {after} tokens in")
             await click(page, f"#lane-{lane_id} button[data-action=stop]")
         # Then what the engine did: cancelled (fixed), or wrote on for nobody to the end.
         for lane_id in ids:

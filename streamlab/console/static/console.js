@@ -429,10 +429,20 @@ async function watchEngine(lane, forMs) {
 }
 
 // ---- hops: toxics and enable/disable, through the console's server --------------------------
-async function refreshHops() {
-  state.hops = await api("GET", "/api/hops");
+// Every answer that carries the hops goes through here. Calls overlap (the
+// 2 s refresh, a button), so an answer to an older call than the one shown
+// is dropped: a refresh sent before a Disable must not show the hop enabled.
+let hopsAsked = 0, hopsShownFor = 0;
+async function showHops(call) {
+  const asked = ++hopsAsked;
+  const hops = await call();
+  if (asked < hopsShownFor) return;
+  hopsShownFor = asked;
+  state.hops = hops;
   renderHops();
 }
+
+const refreshHops = () => showHops(() => api("GET", "/api/hops"));
 
 // What was typed into the hops' inputs survives their re-rendering.
 const hopInputs = {};
@@ -453,8 +463,8 @@ async function hopAction(hop, action, input) {
   }
   try {
     if (action === "disable" || action === "enable") {
-      state.hops = await api("POST", `/api/hops/${hop}/enabled`, {enabled: action === "enable"});
-      renderHops();
+      await showHops(() => api("POST", `/api/hops/${hop}/enabled`,
+                               {enabled: action === "enable"}));
       return;
     }
     await api("POST", `/api/hops/${hop}/toxics`, toxics[action]());
@@ -482,13 +492,14 @@ async function applyFault(lane, fault) {
 async function applyPreset(name, mode) {
   const preset = state.presets.find((p) => p.scenario === name && p.mode === mode);
   state.preset = preset;
-  state.hops = await api("POST", `/api/presets/${name}/${mode}`);
-  renderHops();
+  await showHops(() => api("POST", `/api/presets/${name}/${mode}`));
   writeOptions(preset);
   for (const row of document.querySelectorAll(".preset")) {
     row.classList.toggle("active", row.dataset.scenario === name);
   }
-  const stopHint = preset.press_stop ? " Press Stop after a few tokens." : "";
+  const stopHint = !preset.press_stop ? ""
+    : preset.stop_after_tokens ? ` Press Stop after ${preset.stop_after_tokens} tokens.`
+    : " Press Stop during the silent prefill.";
   $("#preset-note").textContent =
     `${name} [${mode}]: ${preset.story}.${stopHint} Expect: ${preset.expect.join(", ")}`;
   clearLanes();
@@ -585,8 +596,9 @@ function engineLine(lane) {
                         : " (nobody polls, and TTL 0 never reaps it)";
     }
   }
-  if (lane.stopped && record.tokens_generated > lane.tokens) {
-    line += ` · ${record.tokens_generated - lane.tokens} tokens made that the page never read`;
+  const unread = record.tokens_generated - lane.tokens;
+  if (lane.stopped && unread > 0) {
+    line += ` · ${unread} token${unread === 1 ? "" : "s"} made that the page never read`;
   }
   return line;
 }
@@ -724,7 +736,7 @@ document.addEventListener("click", (event) => {
     const lane = state.lanes.find((l) => l.id === Number(target.dataset.lane));
     if (lane) stop(lane);
   } else if (action === "reset-lab") {
-    api("POST", "/api/reset").then((hops) => { state.hops = hops; renderHops(); }).catch(report);
+    showHops(() => api("POST", "/api/reset")).catch(report);
   }
 });
 
