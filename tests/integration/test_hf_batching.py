@@ -6,6 +6,7 @@ decodes the same text in a batch as alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,52 @@ async def _read(call: Any, counts: list[int], index: int) -> None:
 
 async def _ended(stub: Any, request_id: str) -> bool:
     return bool((await record(stub, request_id)).state != pb.GENERATION_STATE_RUNNING)
+
+
+class _Counter:
+    """The engine's TokenTracker, reduced to what it counts."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def generated(self) -> None:
+        self.count += 1
+
+
+async def test_a_reader_that_stops_reading_holds_only_its_own_sequence(
+    tiny_model_dir: Path
+) -> None:
+    """The backend without gRPC in front (whose buffers would take thousands of
+    tokens to fill): a consumer that stops taking tokens parks its row once its
+    ready queue is full; the other row decodes on alone, and the parked one
+    comes back when its reader reads again."""
+    from services.engine.backends.base import GenerationInput
+    from services.engine.backends.hf import MAX_READY, HFModel
+
+    backend = await asyncio.to_thread(HFModel, HFSettings(
+        model=str(tiny_model_dir), cpu_threads=1, ignore_eos=True, max_batch=2))
+    slow, fast = _Counter(), _Counter()
+    stalled = backend.generate(GenerationInput("slow", "a", (), max_tokens=LONG_ANSWER), None,
+                               slow)
+    try:
+        await anext(stalled)  # it decodes; then its reader stops
+        budget = 40
+        async with contextlib.aclosing(backend.generate(
+                GenerationInput("fast", "b", (), max_tokens=budget), None, fast)) as running:
+            async for _ in running:
+                pass
+        assert fast.count == budget
+        # Without the hold it would have made a token at each of fast's steps.
+        # With it: what fills its ready queue (a token whose text the
+        # detokeniser holds back fills nothing), then nothing.
+        held = slow.count
+        assert held <= 1 + MAX_READY + 4, held
+        resumed = 0
+        async for _ in stalled:  # reading again: it rejoins and decodes
+            resumed += 1
+            if resumed == MAX_READY + 10:
+                break
+        assert slow.count > held
+    finally:
+        await stalled.aclose()
+        await backend.aclose()

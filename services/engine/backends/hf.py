@@ -265,10 +265,13 @@ class _DecodeLoop:
                 seq.wake.clear()
             await seq.wake.wait()
 
-    def stop(self) -> None:
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """No new round starts; waits (off the loop) for the one in flight, so a
+        process that exits next does not tear torch down under a running step."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        await asyncio.to_thread(self._thread.join, timeout_s)
 
     # ---- the decode thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -549,4 +552,4 @@ class HFModel:
                            decode_step_tokens=self._decode.step_tokens)
 
     async def aclose(self) -> None:
-        self._decode.stop()
+        await self._decode.stop()
