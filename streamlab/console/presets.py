@@ -71,7 +71,10 @@ def request_options(scenario: Scenario, setup: Setup, timing: Timing) -> dict[st
     elif scenario.measure.__name__ == "abandoned_tab":
         options["answer_tokens"] = PRESS_STOP_TOKENS
     elif scenario.measure.__name__ == "abandoned_prefill":
+        # Silent as the measure makes it: a `: ping` is a write, and a failed
+        # write is what the broken nginx would notice the client's leaving by.
         options["prefill_ms"] = SILENT_PREFILL_MS
+        options["heartbeat_s"] = 0
     if setup.think_pause:
         options["pauses"] = [{"after_token": THINK_AFTER_TOKEN,
                               "pause_ms": round(timing.think_s * 1000)}]

@@ -13,7 +13,7 @@ Screenshots go to docs/console/ (one per preset of a representative set,
 broken and fixed, and docs/console.png for the README):
 STREAMLAB_CONSOLE_SCREENSHOTS=off takes none, =DIR writes them there instead.
 STREAMLAB_CONSOLE_PRESETS=all runs every preset of the catalogue (minutes,
-so not by default).
+so not by default), =name,name those.
 """
 
 from __future__ import annotations
@@ -264,8 +264,15 @@ async def test_cut_edge_eventsource_resumes_with_last_event_id_and_ends_once(
 
 
 def preset_names() -> list[str]:
-    every = os.environ.get("STREAMLAB_CONSOLE_PRESETS") == "all"
-    return list(CATALOGUE) if every else list(REPRESENTATIVE)
+    """STREAMLAB_CONSOLE_PRESETS: `all`, or names separated by commas; the
+    representative set when unset."""
+    chosen = os.environ.get("STREAMLAB_CONSOLE_PRESETS", "")
+    if chosen == "all":
+        return list(CATALOGUE)
+    names = [name.strip() for name in chosen.split(",") if name.strip()]
+    unknown = set(names) - set(CATALOGUE)
+    assert not unknown, f"STREAMLAB_CONSOLE_PRESETS names no scenario {sorted(unknown)}"
+    return names or list(REPRESENTATIVE)
 
 
 # How long a preset's streams may take to end: the engine faults' 200-token

@@ -55,3 +55,14 @@ def test_mid_stream_faults_are_toxiproxy_operations() -> None:
 def test_an_unknown_scenario_is_named() -> None:
     with pytest.raises(KeyError, match="no-such"):
         presets.setup_of("no-such", "broken")
+
+
+def test_press_stop_presets_leave_a_person_time_to_press_it() -> None:
+    by_key = {(p["scenario"], p["mode"]): p for p in presets.presets()}
+    prefill = by_key["abandoned-prefill", "broken"]
+    assert prefill["stop_after_tokens"] == 0  # Stop during the prefill
+    assert prefill["streamlab"]["prefill_ms"] >= 3000
+    assert prefill["streamlab"]["heartbeat_s"] == 0  # no write to fail before the first token
+    tab = by_key["abandoned-tab", "broken"]
+    assert tab["stop_after_tokens"] == 3
+    assert tab["streamlab"]["answer_tokens"] >= 100
