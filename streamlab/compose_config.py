@@ -85,6 +85,7 @@ def nginx_config(ports: Ports, options: nginx.NginxOptions | None = None) -> str
         "upstream_port": str(ports.upstream_port),
         "read_timeout_s": f"{options.read_timeout_s:g}",
         "short_read_timeout_s": f"{options.short_read_timeout_s:g}",
+        "send_timeout_s": f"{options.send_timeout_s:g}",
     })
 
 

@@ -18,6 +18,10 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 class NginxOptions:
     read_timeout_s: float = 60.0  # nginx's own default
     short_read_timeout_s: float = 2.0  # a short stand-in for a load balancer's 60 s
+    # How long `/` waits for a client that accepts no bytes before closing it (and
+    # so the upstream: the gateway cancels the generation). The gateway's own send
+    # timeout, applied where it can work: the buffers behind nginx hold megabytes.
+    send_timeout_s: float = 30.0
 
 
 def render(template: str, values: dict[str, str]) -> str:
@@ -52,6 +56,7 @@ def write_config(ports: Ports, run_dir: Path, options: NginxOptions,
         "upstream_port": str(ports.upstream_port),
         "read_timeout_s": f"{options.read_timeout_s:g}",
         "short_read_timeout_s": f"{options.short_read_timeout_s:g}",
+        "send_timeout_s": f"{options.send_timeout_s:g}",
     })
     path = run_dir / "nginx.conf"
     path.write_text(text)

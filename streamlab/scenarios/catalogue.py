@@ -4,6 +4,7 @@ measured checks that tell them apart. Data only; measures.py does the work."""
 
 from __future__ import annotations
 
+from streamlab.scenarios.edge_backpressure import BACKPRESSURE
 from streamlab.scenarios.engine_faults import ENGINE_FAULTS
 from streamlab.scenarios.h2_shared_fate import H2_SHARED_FATE
 from streamlab.scenarios.lifecycle import LIFECYCLE
@@ -203,6 +204,7 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
         shown=("stream_kb_per_s", "ttft_s", "last_token_lag_s", "total_s", "tokens", "done"),
     ),
     *LIFECYCLE,
+    *BACKPRESSURE,
     *RESUME,
     *ENGINE_FAULTS,
     SEVENTH_TAB,

@@ -22,6 +22,7 @@ import pytest
 from streamlab import processes
 from streamlab.compose import ComposeLab, selected_target
 from streamlab.lab import Lab, LabOptions
+from streamlab.nginx import NginxOptions
 from streamlab.processes import ServiceSpec
 from streamlab.target import LabTarget
 from streamlab.topology import REPO_ROOT, Ports
@@ -95,6 +96,8 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
         run_dir=run_dir,
         engine_env=dict(TEST_ENGINE_ENV),
         gateway_env=dict(TEST_GATEWAY_ENV),
+        # nginx cuts a client that accepts nothing after the gateway's send timeout.
+        nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
     )
 
 

@@ -63,7 +63,7 @@ def test_nginx_reaches_the_gateway_through_toxiproxy() -> None:
     ports = compose_config.container_ports()
     text = compose_config.nginx_config(ports)
     assert f"server toxiproxy:{ports.upstream_port};" in text
-    assert f"listen 0.0.0.0:{ports.nginx_port};" in text
+    assert f"listen 0.0.0.0:{ports.nginx_port} sndbuf=32k;" in text
     assert "{{" not in text
 
 

@@ -14,7 +14,8 @@ def test_rendered_config_has_no_placeholder_left(tmp_path: Path) -> None:
     text = path.read_text()
     assert "{{" not in text
     assert "proxy_read_timeout 7s;" in text
-    assert f"listen {Ports.load().host}:{Ports.load().nginx_port};" in text
+    assert f"listen {Ports.load().host}:{Ports.load().nginx_port} sndbuf=32k;" in text
+    assert "send_timeout 30s;" in text  # the gateway's default send timeout
 
 
 def test_missing_value_names_the_placeholder() -> None:
