@@ -9,9 +9,10 @@ person presses. What the page shows is read from `window.consoleState`;
 what the engine did is read from the engine itself, by the page (the
 console's GetStats) and, where it matters, by the test too.
 
-Screenshots go to docs/console/ (one per preset of a representative set,
-broken and fixed, and docs/console.png for the README):
-STREAMLAB_CONSOLE_SCREENSHOTS=off takes none, =DIR writes them there instead.
+Screenshots (one per preset of a representative set, broken and fixed, and
+console.png for the README) go to .run/screenshots/ (git-ignored);
+STREAMLAB_CONSOLE_SCREENSHOTS=docs refreshes the committed ones in docs/,
+=off takes none, =DIR writes them there instead.
 STREAMLAB_CONSOLE_PRESETS=all runs every preset of the catalogue (minutes,
 so not by default), =name,name those.
 """
@@ -38,6 +39,7 @@ from streamlab.topology import HOP_NAMES, REPO_ROOT, console_url
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 DOCS = REPO_ROOT / "docs"
+RUN_SCREENSHOTS = REPO_ROOT / ".run" / "screenshots"
 VIEWPORT = {"width": 1440, "height": 1300, "deviceScaleFactor": 1, "mobile": False}
 # Presets screenshotted by default: one of each kind of failure, both modes.
 REPRESENTATIVE = ("buffering", "idle-cut", "websocket-upgrade", "poll-leak", "resume",
@@ -146,10 +148,14 @@ async def screenshot(page: Page, path: Path) -> None:
 
 
 def screenshot_dir() -> Path | None:
+    # Not into docs/ by default: a plain `make test` must leave the work tree as
+    # it found it (the committed pictures are refreshed on purpose, with =docs).
     chosen = os.environ.get("STREAMLAB_CONSOLE_SCREENSHOTS", "")
     if chosen == "off":
         return None
-    return Path(chosen) if chosen else DOCS
+    if chosen == "docs":
+        return DOCS
+    return Path(chosen) if chosen else RUN_SCREENSHOTS
 
 
 # ---- the tests ---------------------------------------------------------------------------------
