@@ -97,8 +97,6 @@ def up(
                   "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
     console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} {lab.edge_h2_url}/nginx-health"
                   "   (the lab's CA; docs/http2.md says how a browser trusts it)")
-    console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} {lab.edge_h2_url}/nginx-health"
-                  "   (the lab's CA; docs/http2.md says how a browser trusts it)")
     if with_console:
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")
