@@ -101,6 +101,20 @@ def lab_options(tmp_path_factory: pytest.TempPathFactory) -> LabOptions:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the compose target, run only what uses the lab under test: a test that
+    starts its own processes (a private lab, an hf engine, an in-process app)
+    measures nothing of the containers and already ran against local processes
+    in the same CI run, so running it twice only costs minutes."""
+    if selected_target() != "compose":
+        return
+    skip = pytest.mark.skip(reason="does not use the compose lab (it starts its own "
+                            "processes); it runs in the local suite")
+    for item in items:
+        if "lab" not in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def lab(request: pytest.FixtureRequest) -> Iterator[LabTarget]:
     if selected_target() == "compose":
