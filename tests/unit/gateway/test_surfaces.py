@@ -136,7 +136,7 @@ async def test_a_polling_job_is_cancelled_at_the_engine_when_deleted() -> None:
         assert created.status_code == 201
         job = created.json()["id"]
         polled = await gw.http.get(f"/v1/jobs/{job}", params={"since": 0, "wait_s": 1})
-        assert polled.json()["tokens"] == ["t0 "] or polled.json()["tokens"][:1] == ["t0 "]
+        assert polled.json()["tokens"][:1] == ["t0 "]  # the first token, and maybe more
         assert gw.gateway.limiter.open == 1  # engine work: its client's slot, while it runs
         assert (await gw.http.delete(f"/v1/jobs/{job}")).status_code == 204
         await until(lambda: engine.last.cancelled and gw.gateway.drain.live == 0)
