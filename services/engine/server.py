@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.engine.backends.base import Backend
 from services.engine.backends.fake import FakeModel
+from services.engine.metrics import EngineMetrics
 from services.engine.servicer import EngineServicer
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats
@@ -52,6 +53,10 @@ class BackendUnavailable(RuntimeError):
     """The configured backend cannot start (missing extra, bad model path or URL)."""
 
 
+class CannotListen(OSError):
+    """A port the engine was told to listen on is taken or not ours."""
+
+
 def make_backend(settings: EngineSettings) -> Backend[Any]:
     """Blocking (a real model loads for seconds to minutes): call it off the loop."""
     if settings.backend == "fake":
@@ -80,15 +85,37 @@ def make_backend(settings: EngineSettings) -> Backend[Any]:
 
 class Engine:
     def __init__(self, server: grpc.aio.Server, health: HealthServicer, port: int,
-                 backend: Backend[Any] | None = None) -> None:
+                 backend: Backend[Any] | None = None,
+                 servicer: EngineServicer | None = None,
+                 metrics: EngineMetrics | None = None,
+                 metrics_port: int | None = None) -> None:
         self.server = server
+        self._servicer = servicer
         self.health = health
         self.port = port
+        self.metrics = metrics
+        self.metrics_port = metrics_port  # None: no /metrics listener
         self._owned_backend = backend  # closed on stop when create_server made it
+
+    async def set_serving(self, serving: bool) -> None:
+        """Health SERVING or NOT_SERVING for every service name, the server left
+        running: a balanced gateway's channel (client-side health checks, see
+        docs/topology.md) stops sending new calls to a NOT_SERVING engine while
+        the calls it has run on."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self._servicer is not None:
+            # Detachable generations run in tasks of their own: no call ends them.
+            await self._servicer.aclose()
+        if self.metrics is not None:
+            # Blocks up to its serve loop's poll interval (0.5 s): off the loop.
+            await asyncio.to_thread(self.metrics.close)
         if self._owned_backend is not None:
             await self._owned_backend.aclose()
 
@@ -102,7 +129,8 @@ async def create_server(
         backend = owned = await asyncio.to_thread(make_backend, settings)
     server = grpc.aio.server(options=server_options(settings))
     stats = EngineStats(settings.stats_history)
-    servicer = EngineServicer(backend, stats, settings)
+    metrics = EngineMetrics()
+    servicer = EngineServicer(backend, stats, settings, metrics)
     pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -113,29 +141,54 @@ async def create_server(
     )
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:
-        raise OSError(f"engine could not bind {settings.host}:{settings.port}")
+        raise CannotListen(f"engine could not bind {settings.host}:{settings.port}")
+    metrics_port = None
+    if settings.metrics_port is not None:
+        try:
+            metrics_port = metrics.serve(settings.host, settings.metrics_port)
+        except OSError as exc:
+            await server.stop(None)
+            raise CannotListen(f"engine could not bind its /metrics on "
+                          f"{settings.host}:{settings.metrics_port}: {exc}") from exc
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Engine(server, health, port, owned)
+    engine = Engine(server, health, port, owned, servicer, metrics, metrics_port)
+    await engine.set_serving(True)
+    return engine
 
 
 async def serve(settings: EngineSettings) -> None:
     engine = await create_server(settings)
     log.info("engine (%s) listening on %s:%d", settings.backend, settings.host, engine.port)
+    if engine.metrics_port is not None:
+        log.info("engine /metrics on http://%s:%d/metrics", settings.host, engine.metrics_port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    # Drain without stopping (a rolling deploy's first step): SIGUSR1 turns health
+    # NOT_SERVING, SIGUSR2 back to SERVING; calls keep being served either way.
+    for sig, serving in ((signal.SIGUSR1, False), (signal.SIGUSR2, True)):
+        loop.add_signal_handler(sig, _set_serving, engine, serving)
     await stopping.wait()
     log.info("draining: health NOT_SERVING, %.1f s grace", settings.shutdown_grace_s)
     await engine.stop(settings.shutdown_grace_s)
+
+
+def _set_serving(engine: Engine, serving: bool) -> None:
+    log.info("health %s (signal)", "SERVING" if serving else "NOT_SERVING: draining")
+    task = asyncio.ensure_future(engine.set_serving(serving))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+# Strong references to the signal handlers' tasks until they finish.
+_background: set[asyncio.Future[None]] = set()
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         asyncio.run(serve(EngineSettings()))
-    except BackendUnavailable as exc:
+    except (BackendUnavailable, CannotListen) as exc:
         log.error("engine cannot start: %s", exc)
         raise SystemExit(2) from exc

@@ -1,5 +1,9 @@
 """The gRPC servicer: validates requests, runs a backend, streams and counts.
 
+A plain generation runs in its call's handler; a `detachable` one in a task of
+its own that its call (and later any Attach) only reads (detached.py), so it
+survives a caller that vanishes, until its orphan grace ends or a Cancel.
+
 Cancellation: when the gateway cancels the call (its client left), grpc.aio
 cancels this handler's task, so CancelledError surfaces at the backend's next
 await (its next decode step), or closes the generator (GeneratorExit) if it
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -21,6 +25,7 @@ import grpc
 
 from services.engine.admission import Admission
 from services.engine.backends.base import (
+    ACCEPTED,
     Accepted,
     Backend,
     BackendError,
@@ -28,7 +33,10 @@ from services.engine.backends.base import (
     GenerationInput,
     GenerationSummary,
     InvalidRequest,
+    ObservesSteps,
 )
+from services.engine.detached import AttachRefused, Detachables, Replaced, Stopped
+from services.engine.metrics import EngineMetrics
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord
 from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
@@ -61,11 +69,26 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
     )
 
 
+async def _abort_for(context: grpc.aio.ServicerContext,
+                     exc: BackendError | Replaced | Stopped) -> None:
+    """End a Generate or Attach call with the status its failure means: a backend
+    error's own status; ABORTED when a newer Attach took the generation over;
+    CANCELLED when an explicit Cancel stopped it."""
+    if isinstance(exc, BackendError):
+        await context.abort(grpc.StatusCode[exc.status], f"{exc.code}: {exc.message}")
+    elif isinstance(exc, Replaced):
+        await context.abort(grpc.StatusCode.ABORTED, str(exc))
+    else:
+        await context.abort(grpc.StatusCode.CANCELLED, str(exc))
+
+
 class EngineServicer(pb_grpc.EngineServiceServicer):
-    def __init__(self, backend: Backend[Any], stats: EngineStats, settings: EngineSettings) -> None:
+    def __init__(self, backend: Backend[Any], stats: EngineStats, settings: EngineSettings,
+                 metrics: EngineMetrics | None = None) -> None:
         self._backend = backend
         self._stats = stats
         self._settings = settings
+        self._metrics = metrics = metrics or EngineMetrics()
         # A backend that runs fewer generations at once than the engine allows
         # (the hf backend: its batch size) sets the slots: the rest queue
         # here, visible in GetStats, and past the queue are refused before any
@@ -74,6 +97,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         if backend.max_concurrency is not None:
             running = min(running, backend.max_concurrency)
         self._admission = Admission(running, settings.max_queued_generations)
+        self._detachables = Detachables(stats, settings.orphan_grace_s,
+                                        settings.orphan_buffer_tokens)
+        metrics.watch(stats, self._admission)
+        if isinstance(backend, ObservesSteps):
+            backend.observe_steps(metrics.step)
+
+    async def aclose(self) -> None:
+        """Engine shutdown: stop the detachable generations (no caller runs them)."""
+        await self._detachables.close()
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -83,6 +115,10 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             options = self._backend.options(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.detachable and generation.request_id in self._detachables:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"a detachable generation {generation.request_id!r} is already "
+                                "held here: Attach to it, or Cancel it first")
         if self._admission.full():
             # Refused before anything started: no record, no slot, no tokens.
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._admission.describe())
@@ -94,26 +130,92 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         accepted = not self._backend.defers_acceptance or self._admission.would_wait()
         if accepted:
             await context.send_initial_metadata(headers)
+        queued_at = asyncio.get_running_loop().time()
         await self._admission.acquire()  # queued here; a cancel leaves the queue
+        self._metrics.queue_wait.observe(asyncio.get_running_loop().time() - queued_at)
+        if request.detachable and generation.request_id in self._detachables:
+            # The same id started while this call waited for its slot.
+            self._admission.release()
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"a detachable generation {generation.request_id!r} is "
+                                "already held here")
         record = self._stats.begin(
             generation.request_id, request.sampling if request.HasField("sampling") else None)
-        context.add_done_callback(lambda ctx: self._on_done(ctx, record))
+        # The events' `finally` frees the slot and ends the record, whoever runs them.
+        events = self._events(generation, options, record, request.accept_token_batches)
+        messages: AsyncGenerator[pb.GenerateResponse | Accepted, None]
+        if request.detachable:
+            # Its own task runs the generation; this call is only its first
+            # consumer, and its end without a Cancel orphans it (detached.py).
+            held = self._detachables.start(generation.request_id, record, events,
+                                           lambda: self._never_ran(record))
+            messages = held.follow(held.attach(None), request.accept_token_batches,
+                                   announce=True)
+        else:
+            # The model runs in this handler's task: a dropped call cancels it.
+            context.add_done_callback(lambda ctx: self._on_done(ctx, record))
+            messages = events
+        async with aclosing(messages) as stream:
+            try:
+                async for message in stream:
+                    if isinstance(message, Accepted):
+                        if not accepted:
+                            await context.send_initial_metadata(headers)
+                            accepted = True
+                        continue
+                    yield message
+            except (BackendError, Replaced, Stopped) as exc:  # BackendError: before the first token
+                await _abort_for(context, exc)
+
+    async def Attach(
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        after = request.after_index if request.HasField("after_index") else None
+        try:
+            held, attachment = self._detachables.attach(request.request_id, after)
+        except AttachRefused as exc:
+            await context.abort(grpc.StatusCode[exc.status], exc.message)
+        try:
+            await context.send_initial_metadata((("x-request-id", held.request_id),))
+        except BaseException:
+            held.release(attachment)  # gone before its stream began: orphaned again
+            raise
+        async with aclosing(held.follow(attachment, request.accept_token_batches)) as stream:
+            try:
+                async for message in stream:
+                    if isinstance(message, pb.GenerateResponse):
+                        yield message
+            except (BackendError, Replaced, Stopped) as exc:
+                await _abort_for(context, exc)
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        held = self._detachables.get(request.request_id)
+        return pb.CancelResponse(cancelled=held is not None and held.stop())
+
+    async def _events(
+        self, generation: GenerationInput, options: Any, record: GenerationRecord, batches: bool
+    ) -> AsyncGenerator[pb.GenerateResponse | Accepted, None]:
+        """One generation's messages: ACCEPTED once the backend accepted it, its
+        tokens, then one finish (or error event); BackendError if it fails before
+        its first token. Closing it early is a cancel. Its `finally` frees the
+        slot and ends the record, so it must be closed (aclosing) by its runner."""
         state = GenerationState.FAILED
         produced = 0
         summary: GenerationSummary | None = None
         stop = StopMatcher(generation.stop)
         stopped = False
         unsent = 0
-        # Tokens that were ready together leave in one message, to a caller that reads them.
-        batches = request.accept_token_batches
+        announced = False
         try:
             # aclosing: the backend's own `finally` (freeing a KV cache, closing an
             # upstream HTTP stream) runs now on every exit, not when GC gets to it.
             async with aclosing(self._backend.generate(generation, options, record)) as items:
                 async for item in items:
-                    if not accepted:
-                        await context.send_initial_metadata(headers)
-                        accepted = True
+                    if not announced:
+                        announced = True
+                        yield ACCEPTED
                     if isinstance(item, Accepted):
                         continue
                     if isinstance(item, GenerationSummary):
@@ -130,6 +232,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                             stopped = True
                             unsent = len(texts) - taken  # made with the batch, past the stop
                             break
+                    # Tokens that were ready together leave in one message, to a
+                    # caller that reads them.
                     if len(chunks) > 1 and batches:
                         yield pb.GenerateResponse(tokens=pb.TokenBatch(chunks=chunks))
                     else:
@@ -166,17 +270,18 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             )
         except (asyncio.CancelledError, GeneratorExit):
             # CancelledError when the cancel lands in an await (a decode step);
-            # GeneratorExit when grpc closes this generator while it is parked
-            # at a `yield`. Both mean the caller is gone. Unless the finish event
-            # had already gone out: a caller that cancels instead of waiting for
-            # the trailers (a gateway done with the stream) cancelled nothing.
+            # GeneratorExit when the runner closes this generator while it is
+            # parked at a `yield`. Both mean the generation is stopped. Unless the
+            # finish event had already gone out: a caller that cancels instead of
+            # waiting for the trailers (a gateway done with the stream) cancelled
+            # nothing.
             if state is not GenerationState.COMPLETED:
                 self._stats.mark_cancel(record)
                 state = GenerationState.CANCELLED
             raise
         except BackendError as exc:
             if produced == 0:
-                await context.abort(grpc.StatusCode[exc.status], f"{exc.code}: {exc.message}")
+                raise  # the caller gets it as a gRPC status
             yield pb.GenerateResponse(error=pb.StreamError(code=exc.code, message=exc.message))
         finally:
             self._admission.release()
@@ -197,6 +302,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             tokens_after_cancel=stats.tokens_after_cancel,
             generations=[_record_to_pb(r) for r in stats.records(request.request_id)],
             load=self._load(),
+            generations_orphaned=stats.orphaned,
+            generations_reattached=stats.reattached,
+            generations_orphan_expired=stats.orphan_expired,
         )
 
     def _load(self) -> pb.EngineLoad:
@@ -207,6 +315,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             device=backend.device, device_memory_allocated=backend.device_memory_allocated,
             decode_steps=backend.decode_steps, decode_step_tokens=backend.decode_step_tokens,
         )
+
+    def _never_ran(self, record: GenerationRecord) -> None:
+        # A detachable generation stopped before its task began: still a cancel.
+        self._stats.mark_cancel(record)
+        self._admission.release()
+        self._stats.end(record, GenerationState.CANCELLED)
 
     def _on_done(self, context: grpc.aio.ServicerContext, record: GenerationRecord) -> None:
         if context.cancelled():

@@ -76,14 +76,23 @@ class EngineSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 50051
+    # Prometheus /metrics over plain HTTP on this port, same host (the gRPC port
+    # speaks only gRPC). None: no listener (in-process tests); the lab sets it
+    # from lab.env's STREAMLAB_ENGINE_METRICS_PORT.
+    metrics_port: int | None = Field(None, ge=0, le=65535)
     backend: Literal["fake", "hf", "openai"] = "fake"
     # Generations running at once (GPU slots), and how many more may wait for
     # one; past both the engine answers RESOURCE_EXHAUSTED at once. A backend
     # with a concurrency of its own lowers the first (the hf backend: its max_batch).
-    max_running_generations: int = Field(64, ge=1)
-    max_queued_generations: int = Field(64, ge=0)
-    # Upper bound on max_tokens a request may ask for.
-    max_tokens_limit: int = Field(4096, ge=1)
+    # The fake model steps every running generation on one clock, so thousands
+    # cost little: sized for 5,000+ streams through the lab.
+    max_running_generations: int = Field(8192, ge=1)
+    max_queued_generations: int = Field(1024, ge=0)
+    # Upper bound on max_tokens a request may ask for. 16,384: a stream must be
+    # able to outlast what the hops of the chain buffer (~1 MB of SSE, ~4,000
+    # tokens on loopback) for a reader that stopped to be seen stopping
+    # (scenario slow-reader-edge); served models allow as much and more.
+    max_tokens_limit: int = Field(16384, ge=1)
     # How many finished generations GetStats remembers.
     stats_history: int = Field(2048, ge=1)
     # HTTP/2 keepalive from the engine's side: finds a dead gateway connection
@@ -92,6 +101,17 @@ class EngineSettings(BaseSettings):
     keepalive_timeout_s: float = Field(5.0, gt=0)
     # Seconds live calls get to finish on SIGTERM before they are cancelled.
     shutdown_grace_s: float = Field(5.0, ge=0)
+    # A detachable generation (the gateway's resumable streams) whose caller
+    # vanished without an explicit Cancel (its gateway was SIGKILLed, the
+    # connection died) keeps running this long, so another gateway can Attach
+    # to it and the client's resume still ends with the whole text; nobody
+    # attached by then, it is cancelled. 0: cancelled at once, as a generation
+    # that is not detachable (services/engine/detached.py).
+    orphan_grace_s: float = Field(10.0, ge=0)
+    # Tokens a detachable generation keeps for an Attach (the newest ones).
+    # While orphaned it pauses at this many undelivered tokens rather than drop
+    # one, so its memory is bounded and nothing a caller has not seen is lost.
+    orphan_buffer_tokens: int = Field(4096, ge=1)
     fake: FakeModelDefaults = Field(default_factory=FakeModelDefaults)
     hf: HFSettings = Field(default_factory=HFSettings)
     openai: OpenAIUpstreamSettings = Field(default_factory=OpenAIUpstreamSettings)

@@ -52,6 +52,11 @@ class EngineStats:
         self.completed = 0
         self.cancelled = 0
         self.failed = 0
+        # Detachable generations (services/engine/detached.py): callers that
+        # vanished, Attaches that picked one up, graces that ran out.
+        self.orphaned = 0
+        self.reattached = 0
+        self.orphan_expired = 0
 
     @staticmethod
     def now() -> float:

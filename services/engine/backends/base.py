@@ -23,9 +23,9 @@ are `BackendError`s naming the gRPC status the caller should get.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -81,6 +81,18 @@ class BackendLoad:
 
 class TokenTracker(Protocol):
     def generated(self) -> None: ...
+
+
+# Told at each decode step: seconds since the previous step of the same busy
+# spell (None: the first after an idle clock) and the sequences it stepped.
+StepObserver = Callable[[float | None, int], None]
+
+
+@runtime_checkable
+class ObservesSteps(Protocol):
+    """A backend with a batched decode clock (the fake model) reports its steps."""
+
+    def observe_steps(self, observer: StepObserver) -> None: ...
 
 
 # What one backend reads for itself from a request (see `Backend.options`).

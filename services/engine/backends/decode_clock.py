@@ -39,6 +39,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from services.engine.backends.base import StepObserver
+
 # Due times this close to a step count as reached: timer slack, not a missed step.
 SLACK_S = 0.0005
 # Tokens a seat holds for a consumer that is behind before its sequence pauses.
@@ -58,6 +60,7 @@ class DecodeClock:
         self.running = 0  # seated sequences
         self.steps = 0
         self.tokens = 0  # made over all steps: tokens / steps is the mean batch
+        self.on_step: StepObserver | None = None  # the engine's /metrics
 
     def step_s(self) -> float:
         return self._base_s + self._per_sequence_s * self.running
@@ -86,12 +89,17 @@ class DecodeClock:
     # ---- the clock -------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        previous: float | None = None  # this busy spell's last step
         while (due := self._earliest()) is not None:
             at = max(self._last_step + self.step_s(), due)
             if at > loop.time() + SLACK_S:
                 await self._sleep_until(loop, at)
                 continue  # a sequence may have joined with an earlier due
-            self._step(at, loop.time())
+            now = loop.time()
+            stepped = self._step(at, now)
+            if self.on_step is not None:
+                self.on_step(None if previous is None else now - previous, stepped)
+            previous = now
             # Let the consumers run (and take their tokens) before the next step.
             await asyncio.sleep(0)
         self._task = None
@@ -112,7 +120,7 @@ class DecodeClock:
             timer.cancel()
             self._kick, self._target = None, float("inf")
 
-    def _step(self, at: float, now: float) -> None:
+    def _step(self, at: float, now: float) -> int:
         # Spaced from when the step was due, so timer lateness does not add up
         # into a slower clock; a step late by more than a whole step counts
         # from now (a late engine does not catch up in a burst).
@@ -129,6 +137,7 @@ class DecodeClock:
         self.tokens += len(stepped)
         for seat in stepped:  # next tokens go to later steps: one per sequence per step
             seat.schedule_next()
+        return len(stepped)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -39,6 +39,7 @@ from services.engine.backends.base import (
     BackendLoad,
     GenerationInput,
     InvalidRequest,
+    StepObserver,
     TokenTracker,
 )
 from services.engine.backends.decode_clock import SLACK_S, DecodeClock
@@ -133,12 +134,19 @@ class FakeModel:
     def __init__(self, defaults: FakeModelDefaults) -> None:
         self._defaults = defaults
         self._clock: DecodeClock | None = None  # made in the engine's loop, on first use
+        self._step_observer: StepObserver | None = None
 
     @property
     def clock(self) -> DecodeClock:
         if self._clock is None:
             self._clock = DecodeClock(self._defaults.step_ms, self._defaults.step_per_sequence_ms)
+            self._clock.on_step = self._step_observer
         return self._clock
+
+    def observe_steps(self, observer: StepObserver) -> None:
+        self._step_observer = observer
+        if self._clock is not None:
+            self._clock.on_step = observer
 
     def options(self, request: pb.GenerateRequest) -> FakeTiming:
         return read_timing(request, self._defaults)

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -178,13 +179,44 @@ class _End:
 _END = _End()
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one sequence picks its tokens, from the request's SamplingOptions
+    (each unset field: the engine's STREAMLAB_HF_* default). Temperature 0 is
+    greedy (argmax, as with no options at all); above 0 it samples from the
+    softmax at that temperature, within the top_p nucleus, with a generator of
+    its own, seeded by the request's seed: the same seed and prompt give the
+    same text, whatever else shares the batch."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None  # None: a seed drawn from the engine's own sequence
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def read_sampling(request: pb.GenerateRequest, settings: HFSettings) -> Sampling:
+    sampling = request.sampling if request.HasField("sampling") else pb.SamplingOptions()
+    temperature = (sampling.temperature if sampling.HasField("temperature")
+                   else settings.temperature)
+    top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
+    if not 0 < top_p <= 1:
+        top_p = 1.0  # the gateway already refuses these; 0 would leave nothing to pick
+    return Sampling(temperature=max(0.0, temperature), top_p=top_p,
+                    seed=sampling.seed if sampling.HasField("seed") else None)
+
+
 class _Sequence:
     """One generation. `closed` and `ready` are shared with the event loop under
     the decode loop's lock; everything else belongs to the decode thread."""
 
     def __init__(self, request: GenerationInput, tracker: TokenTracker,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, sampling: Sampling = Sampling()) -> None:
         self.request = request
+        self.sampling = sampling
+        self.generator: torch.Generator | None = None  # made by the decode thread
         self.tracker = tracker
         self.loop = loop
         self.wake = asyncio.Event()
@@ -217,11 +249,12 @@ class StepTiming:
 class _DecodeLoop:
     """The decode thread and the batch it owns (see the module doc)."""
 
-    def __init__(self, loaded: LoadedModel, settings: HFSettings,
-                 generator: torch.Generator | None, batched: bool) -> None:
+    def __init__(self, loaded: LoadedModel, settings: HFSettings, batched: bool) -> None:
         self._m = loaded
         self._settings = settings
-        self._generator = generator
+        # Seeds for sampled sequences that name none: one reproducible sequence
+        # of them per engine start (STREAMLAB_HF_SEED).
+        self._seeds = random.Random(settings.seed)
         # A model whose cache cannot be padded runs one sequence at a time
         # (max_concurrency 1), fed as transformers feeds it: no mask, no positions.
         self._batched = batched
@@ -343,7 +376,13 @@ class _DecodeLoop:
             return
         self.steps += 1
         seq.length = len(ids)
-        self._emit(seq, int(self._pick(logits)[0]))
+        if not seq.sampling.greedy:
+            seed = seq.sampling.seed
+            if seed is None:
+                seed = self._seeds.randrange(2**63)
+            seq.generator = torch.Generator(device=m.device)
+            seq.generator.manual_seed(seed % 2**64)
+        self._emit(seq, int(self._pick(logits, [seq])[0]))
         if not seq.ended:
             seq.held = RowCache.from_cache(cache)
             self._add([seq])
@@ -369,7 +408,7 @@ class _DecodeLoop:
             self._rows, self._batch = [], PaddedBatch()
             return
         self.steps += 1
-        tokens = self._pick(logits).tolist()  # waits for the device: the step is done
+        tokens = self._pick(logits, rows).tolist()  # waits for the device: the step is done
         self.timing = StepTiming(self.timing.steps + 1,
                                  self.timing.seconds + time.perf_counter() - started,
                                  self.timing.rows + len(rows))
@@ -410,11 +449,14 @@ class _DecodeLoop:
         seq.detok = IncrementalDetokenizer(m.tokenizer, context_ids=ids)
         return ids
 
-    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
-        if self._settings.temperature <= 0:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits.float() / self._settings.temperature, dim=-1)
-        return torch.multinomial(probs, 1, generator=self._generator).view(-1)
+    def _pick(self, logits: torch.Tensor, rows: list[_Sequence]) -> torch.Tensor:
+        """One token per row: argmax for greedy rows (all of them, in one op, when
+        nobody samples), each sampled row from its own generator."""
+        picked = logits.argmax(dim=-1)
+        for i, seq in enumerate(rows):
+            if not seq.sampling.greedy:
+                picked[i] = sample(logits[i], seq.sampling, seq.generator)
+        return picked
 
     def _emit(self, seq: _Sequence, token_id: int) -> None:
         # Counted the moment the model has produced it, before it leaves (and
@@ -469,6 +511,19 @@ class _DecodeLoop:
                 loop.call_soon_threadsafe(_set_all, events)
 
 
+def sample(logits: torch.Tensor, sampling: Sampling,
+           generator: torch.Generator | None) -> torch.Tensor:
+    """One token from one row's logits: softmax at the temperature, cut to the
+    smallest set of tokens whose probability reaches top_p (the nucleus)."""
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1:
+        ordered, order = probs.sort(descending=True)
+        # Drop a token when the ones above it already reach top_p (the first always stays).
+        drop = ordered.cumsum(dim=-1) - ordered >= sampling.top_p
+        probs = probs.scatter(-1, order, ordered.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
 def _set_all(events: list[asyncio.Event]) -> None:
     for event in events:
         event.set()
@@ -510,21 +565,20 @@ class HFModel:
         if not batched and settings.max_batch > 1:
             log.warning("hf backend: %s's KV cache has layers the batch cannot pad "
                         "(sliding window?): one generation at a time", settings.model)
-        generator: torch.Generator | None = None
-        if settings.temperature > 0:
-            generator = torch.Generator(device=self._loaded.device)
-            generator.manual_seed(settings.seed)
-        self._decode = _DecodeLoop(self._loaded, settings, generator, batched)
+        self._decode = _DecodeLoop(self._loaded, settings, batched)
         log.info("hf backend: %s on %s (%s), batch up to %d", settings.model,
                  self._loaded.device, self._loaded.dtype, self.max_concurrency)
 
-    def options(self, request: pb.GenerateRequest) -> None:
-        return None  # a real model: the fake model's timing means nothing here
+    def options(self, request: pb.GenerateRequest) -> Sampling:
+        # A real model: the fake model's timing means nothing here; sampling does.
+        return read_sampling(request, self._settings)
 
     async def generate(
-        self, request: GenerationInput, options: None, tracker: TokenTracker
+        self, request: GenerationInput, options: Sampling | None, tracker: TokenTracker
     ) -> AsyncGenerator[str | GenerationSummary | Accepted, None]:
-        seq = _Sequence(request, tracker, asyncio.get_running_loop())
+        # None (a caller without a wire request): the engine's own defaults.
+        sampling = options or read_sampling(pb.GenerateRequest(), self._settings)
+        seq = _Sequence(request, tracker, asyncio.get_running_loop(), sampling)
         self._decode.submit(seq)
         try:
             while not isinstance(item := await self._decode.take(seq), _End):
@@ -537,7 +591,8 @@ class HFModel:
                                 completion_tokens=seq.produced,
                                 finished_by_length=seq.by_length)
 
-    def finished_by_length(self, request: GenerationInput, options: None, produced: int) -> bool:
+    def finished_by_length(self, request: GenerationInput, options: Sampling | None,
+                           produced: int) -> bool:
         return produced >= request.max_tokens  # not used: generate() yields a summary
 
     @property

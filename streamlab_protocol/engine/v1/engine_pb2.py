@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xfb\x01\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClockB\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokens\"\xc5\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x42\t\n\x07_timingB\x0b\n\t_sampling\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf2\x01\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xe0\x02\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\xd3\x01\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xfb\x01\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClockB\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokens\"\xd9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x12\x12\n\ndetachable\x18\t \x01(\x08\x42\t\n\x07_timingB\x0b\n\t_sampling\"k\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf2\x01\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xc2\x03\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\x12\x1c\n\x14generations_orphaned\x18\x0b \x01(\x04\x12\x1e\n\x16generations_reattached\x18\x0c \x01(\x04\x12\"\n\x1agenerations_orphan_expired\x18\r \x01(\x04\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\x8d\x03\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponse\x12]\n\x06\x41ttach\x12&.streamlab.api.engine.v1.AttachRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12Y\n\x06\x43\x61ncel\x12&.streamlab.api.engine.v1.CancelRequest\x1a\'.streamlab.api.engine.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamlab_protocol.engine.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAKECLOCK']._serialized_start=2414
-  _globals['_FAKECLOCK']._serialized_end=2504
-  _globals['_FINISHREASON']._serialized_start=2506
-  _globals['_FINISHREASON']._serialized_end=2601
-  _globals['_GENERATIONSTATE']._serialized_start=2604
-  _globals['_GENERATIONSTATE']._serialized_end=2778
+  _globals['_FAKECLOCK']._serialized_start=2715
+  _globals['_FAKECLOCK']._serialized_end=2805
+  _globals['_FINISHREASON']._serialized_start=2807
+  _globals['_FINISHREASON']._serialized_end=2902
+  _globals['_GENERATIONSTATE']._serialized_start=2905
+  _globals['_GENERATIONSTATE']._serialized_end=3079
   _globals['_CHATMESSAGE']._serialized_start=70
   _globals['_CHATMESSAGE']._serialized_end=114
   _globals['_THINKPAUSE']._serialized_start=116
@@ -44,29 +44,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FAKEMODELTIMING']._serialized_start=170
   _globals['_FAKEMODELTIMING']._serialized_end=421
   _globals['_GENERATEREQUEST']._serialized_start=424
-  _globals['_GENERATEREQUEST']._serialized_end=749
-  _globals['_SAMPLINGOPTIONS']._serialized_start=752
-  _globals['_SAMPLINGOPTIONS']._serialized_end=975
-  _globals['_TOKENCHUNK']._serialized_start=977
-  _globals['_TOKENCHUNK']._serialized_end=1018
-  _globals['_TOKENBATCH']._serialized_start=1020
-  _globals['_TOKENBATCH']._serialized_end=1085
-  _globals['_USAGE']._serialized_start=1087
-  _globals['_USAGE']._serialized_end=1144
-  _globals['_FINISH']._serialized_start=1146
-  _globals['_FINISH']._serialized_end=1256
-  _globals['_STREAMERROR']._serialized_start=1258
-  _globals['_STREAMERROR']._serialized_end=1302
-  _globals['_GENERATERESPONSE']._serialized_start=1305
-  _globals['_GENERATERESPONSE']._serialized_end=1547
-  _globals['_GETSTATSREQUEST']._serialized_start=1549
-  _globals['_GETSTATSREQUEST']._serialized_end=1586
-  _globals['_GENERATIONRECORD']._serialized_start=1589
-  _globals['_GENERATIONRECORD']._serialized_end=1859
-  _globals['_GETSTATSRESPONSE']._serialized_start=1862
-  _globals['_GETSTATSRESPONSE']._serialized_end=2214
-  _globals['_ENGINELOAD']._serialized_start=2217
-  _globals['_ENGINELOAD']._serialized_end=2412
-  _globals['_ENGINESERVICE']._serialized_start=2781
-  _globals['_ENGINESERVICE']._serialized_end=2992
+  _globals['_GENERATEREQUEST']._serialized_end=769
+  _globals['_ATTACHREQUEST']._serialized_start=771
+  _globals['_ATTACHREQUEST']._serialized_end=878
+  _globals['_CANCELREQUEST']._serialized_start=880
+  _globals['_CANCELREQUEST']._serialized_end=915
+  _globals['_CANCELRESPONSE']._serialized_start=917
+  _globals['_CANCELRESPONSE']._serialized_end=952
+  _globals['_SAMPLINGOPTIONS']._serialized_start=955
+  _globals['_SAMPLINGOPTIONS']._serialized_end=1178
+  _globals['_TOKENCHUNK']._serialized_start=1180
+  _globals['_TOKENCHUNK']._serialized_end=1221
+  _globals['_TOKENBATCH']._serialized_start=1223
+  _globals['_TOKENBATCH']._serialized_end=1288
+  _globals['_USAGE']._serialized_start=1290
+  _globals['_USAGE']._serialized_end=1347
+  _globals['_FINISH']._serialized_start=1349
+  _globals['_FINISH']._serialized_end=1459
+  _globals['_STREAMERROR']._serialized_start=1461
+  _globals['_STREAMERROR']._serialized_end=1505
+  _globals['_GENERATERESPONSE']._serialized_start=1508
+  _globals['_GENERATERESPONSE']._serialized_end=1750
+  _globals['_GETSTATSREQUEST']._serialized_start=1752
+  _globals['_GETSTATSREQUEST']._serialized_end=1789
+  _globals['_GENERATIONRECORD']._serialized_start=1792
+  _globals['_GENERATIONRECORD']._serialized_end=2062
+  _globals['_GETSTATSRESPONSE']._serialized_start=2065
+  _globals['_GETSTATSRESPONSE']._serialized_end=2515
+  _globals['_ENGINELOAD']._serialized_start=2518
+  _globals['_ENGINELOAD']._serialized_end=2713
+  _globals['_ENGINESERVICE']._serialized_start=3082
+  _globals['_ENGINESERVICE']._serialized_end=3479
 # @@protoc_insertion_point(module_scope)

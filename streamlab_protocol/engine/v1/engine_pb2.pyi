@@ -69,7 +69,7 @@ class FakeModelTiming(_message.Message):
     def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ..., clock: _Optional[_Union[FakeClock, str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling", "accept_token_batches")
+    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling", "accept_token_batches", "detachable")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_TOKEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DETACHABLE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -86,7 +87,30 @@ class GenerateRequest(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     sampling: SamplingOptions
     accept_token_batches: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., accept_token_batches: _Optional[bool] = ...) -> None: ...
+    detachable: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., accept_token_batches: _Optional[bool] = ..., detachable: _Optional[bool] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("request_id", "after_index", "accept_token_batches")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_TOKEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    after_index: int
+    accept_token_batches: bool
+    def __init__(self, request_id: _Optional[str] = ..., after_index: _Optional[int] = ..., accept_token_batches: _Optional[bool] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
 
 class SamplingOptions(_message.Message):
     __slots__ = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
@@ -179,7 +203,7 @@ class GenerationRecord(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[GenerationState, str]] = ..., tokens_generated: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., started_at: _Optional[float] = ..., cancelled_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations", "load")
+    __slots__ = ("backend", "tokens_generated", "generations_active", "generations_started", "generations_completed", "generations_cancelled", "generations_failed", "tokens_after_cancel", "generations", "load", "generations_orphaned", "generations_reattached", "generations_orphan_expired")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +214,9 @@ class GetStatsResponse(_message.Message):
     TOKENS_AFTER_CANCEL_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_ORPHANED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_REATTACHED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_ORPHAN_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     backend: str
     tokens_generated: int
     generations_active: int
@@ -200,7 +227,10 @@ class GetStatsResponse(_message.Message):
     tokens_after_cancel: int
     generations: _containers.RepeatedCompositeFieldContainer[GenerationRecord]
     load: EngineLoad
-    def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ...) -> None: ...
+    generations_orphaned: int
+    generations_reattached: int
+    generations_orphan_expired: int
+    def __init__(self, backend: _Optional[str] = ..., tokens_generated: _Optional[int] = ..., generations_active: _Optional[int] = ..., generations_started: _Optional[int] = ..., generations_completed: _Optional[int] = ..., generations_cancelled: _Optional[int] = ..., generations_failed: _Optional[int] = ..., tokens_after_cancel: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[GenerationRecord, _Mapping]]] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., generations_orphaned: _Optional[int] = ..., generations_reattached: _Optional[int] = ..., generations_orphan_expired: _Optional[int] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
     __slots__ = ("running", "running_limit", "queue_waiting", "queue_limit", "device", "device_memory_allocated", "decode_steps", "decode_step_tokens")

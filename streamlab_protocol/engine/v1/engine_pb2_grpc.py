@@ -44,6 +44,16 @@ class EngineServiceStub:
                 request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/streamlab.api.engine.v1.EngineService/Attach',
+                request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.AttachRequest.SerializeToString,
+                response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/streamlab.api.engine.v1.EngineService/Cancel',
+                request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.SerializeToString,
+                response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -65,6 +75,30 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request, context):
+        """Re-attaches to a `detachable` generation whose caller vanished (or takes it
+        over from a caller that is still attached: the newest Attach wins, the
+        replaced call ends with ABORTED). The same stream as Generate's, from the
+        token after `after_index`: the buffered tokens, then live ones, each once,
+        in order, then the finish. NOT_FOUND: no detachable generation by that id
+        (never one, not detachable, explicitly cancelled, finished and delivered,
+        or its orphan grace expired). OUT_OF_RANGE: `after_index` is past the
+        tokens produced, or before the oldest one the engine still buffers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """The explicit stop of a detachable generation: cancels it at once (counted
+        as a cancel, never orphaned), and a later Attach gets NOT_FOUND. Idempotent:
+        an id with nothing to stop answers OK with `cancelled` false. Dropping a
+        Generate or Attach call does not stop a detachable generation; this does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +111,16 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.FromString,
                     response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.AttachRequest.FromString,
+                    response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.FromString,
+                    response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +177,60 @@ class EngineService:
             '/streamlab.api.engine.v1.EngineService/GetStats',
             streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsRequest.SerializeToString,
             streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamlab.api.engine.v1.EngineService/Attach',
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.AttachRequest.SerializeToString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamlab.api.engine.v1.EngineService/Cancel',
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.SerializeToString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,

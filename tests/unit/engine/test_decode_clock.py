@@ -133,3 +133,20 @@ async def test_the_fake_model_on_the_batched_clock_says_the_same_text_as_on_its_
         assert counter.made == 7
     assert texts["batched"] == texts["per_stream"] == [token_text(i) for i in range(7)]
     await model.aclose()
+
+
+async def test_the_step_observer_sees_each_step_its_batch_and_its_spacing() -> None:
+    """What the engine's /metrics records: one call per step, batches adding up
+    to every token made, and no interval for a busy spell's first step."""
+    clock = DecodeClock()
+    seen: list[tuple[float | None, int]] = []
+    clock.on_step = lambda interval, batch: seen.append((interval, batch))
+    now = asyncio.get_running_loop().time()
+    dues = [now + 0.01 * (i + 1) for i in range(5)]
+    await asyncio.gather(*(drain(clock, dues, Counter()) for _ in range(4)))
+    assert [batch for _, batch in seen] == [4] * 5
+    assert seen[0][0] is None
+    intervals = [interval for interval, _ in seen[1:] if interval is not None]
+    assert len(intervals) == 4
+    # Four 10 ms steps apart (less what a late first step ate into the next).
+    assert 0.03 <= sum(intervals) <= 0.5, intervals
