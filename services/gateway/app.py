@@ -59,6 +59,7 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
         if owns_engine:
             gateway.engine = EngineClient(settings)
         gateway.jobs.open()
+        await gateway.streams.open(gateway)
         try:
             yield
         finally:

@@ -25,6 +25,10 @@ request that started it. Who owns what:
   request may shorten it, or set 0 in the lab's broken mode), so the leak and
   its fix run side by side on one gateway.
 - On shutdown the store cancels every pump.
+- With several gateways a job stays in the gateway that started it (jobs are
+  not in the shared resume log): its id carries that gateway's tag
+  (`STREAMLAB_GATEWAY_JOB_ROUTE`), and nginx routes `/v1/jobs/<tag>.…` to that
+  gateway only. If it is gone, so are its jobs.
 """
 
 from __future__ import annotations
@@ -105,8 +109,11 @@ class JobMetrics:
 
 
 class JobStore:
-    def __init__(self, ttl_s: float, metrics: JobMetrics) -> None:
+    def __init__(self, ttl_s: float, metrics: JobMetrics, route: str = "") -> None:
         self.ttl_s = ttl_s
+        # Several gateways: ids start with this gateway's tag, so nginx sends
+        # every poll and DELETE of a job to the one gateway that holds it.
+        self._id_prefix = f"{route}." if route else ""
         self._jobs: dict[str, Job] = {}
         self._metrics = metrics
         self._reaper: asyncio.Task[None] | None = None
@@ -121,8 +128,8 @@ class JobStore:
     def start(self, lease: EngineLease, ttl_s: float | None = None) -> Job:
         """Own the open `lease` from now on (closed once the job's call is over).
         The job expires `ttl_s` after its last poll (the store's TTL when None)."""
-        job = Job(id=uuid.uuid4().hex, request_id=lease.request_id, owner=lease.client_key,
-                  ttl_s=self.ttl_s if ttl_s is None else ttl_s)
+        job = Job(id=self._id_prefix + uuid.uuid4().hex, request_id=lease.request_id,
+                  owner=lease.client_key, ttl_s=self.ttl_s if ttl_s is None else ttl_s)
         job.task = asyncio.create_task(self._pump(job, lease), name=f"job-{job.id}")
 
         def ended(_: asyncio.Task[None]) -> None:

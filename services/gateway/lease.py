@@ -9,9 +9,13 @@ WebSocket, polling) opens the engine through an `EngineLease`.
                       engine call, accepted (or its refusal as an HTTP status);
                       a started call is tracked by the drain
     lease.events()  the call's events (tokens, then the finish, or one
-                      EngineError), counted, with the request's broken modes
-                      applied (services/gateway/broken_modes.py)
-    lease.close()   cancel the call, untrack it, free the slot: synchronous and
+                      EngineError), with the request's broken modes applied
+                      (services/gateway/broken_modes.py); the stream's own
+                      hooks count its errors and time its tokens
+                      (services/gateway/metrics.py), no wrapper per token
+    lease.close()   stop the generation (a detachable one by the engine's
+                      explicit Cancel, then its call; any other by cancelling the
+                      call), untrack it, free the slot: synchronous and
                       idempotent, so it can run on every exit path, including a
                       `finally` inside a cancelled task
 
@@ -24,6 +28,7 @@ then on, which closes it when the generation ends.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from time import monotonic
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -31,24 +36,34 @@ from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineEvent, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamSlot
+from services.gateway.metrics import StreamTimings
 from services.gateway.openai_api import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from services.gateway.state import GatewayState
 
 class EngineLease:
-    def __init__(self, gateway: GatewayState, body: ChatCompletionRequest, request_id: str,
-                 client_key: str | None) -> None:
+    def __init__(self, gateway: GatewayState, body: ChatCompletionRequest | None,
+                 request_id: str, client_key: str | None, surface: str = "sse",
+                 detachable: bool = False) -> None:
         """`client_key`: the client's identity, whose cap the call counts
-        against until the lease closes (None: no slot, for tests of the rest)."""
+        against until the lease closes (None: no slot, for tests of the rest).
+        `surface`: the label of its latency histograms (sse, json, resume, ...).
+        `detachable`: the generation outlives its call (for re-attach by another
+        replica, services/gateway/redis_store.py). `body` None: a lease that only
+        re-attaches (`attach()`)."""
         self._gateway = gateway
         self._body = body
+        self._detachable = detachable
         self._request_id = request_id
         self._client_key = client_key
         self._slot: StreamSlot | None = None
         self._stream: EngineStream | None = None
         self._cancel_on_close = True
         self._closed = False
+        self._surface = surface
+        self._timings: StreamTimings | None = None
+        self._client_left_at = 0.0  # monotonic s; 0: the client has not left
 
     @property
     def stream(self) -> EngineStream:
@@ -70,6 +85,8 @@ class EngineLease:
         """The checks on the request itself, for a surface that must refuse
         before it does anything else (and `open()` repeats them)."""
         gateway, body = self._gateway, self._body
+        if body is None:
+            raise RuntimeError("a lease without a request only re-attaches")
         settings = gateway.settings
         gateway.broken_modes.admit(body.streamlab)
         if body.model is not None and body.model not in gateway.models:
@@ -85,31 +102,59 @@ class EngineLease:
                                headers={"Retry-After": str(settings.retry_after_s)})
 
     async def open(self) -> EngineStream:
+        opened_at = monotonic()
         self.admit()
+        assert self._body is not None  # admit() refuses a lease without one
         gateway = self._gateway
         if self._client_key is not None:
             self._slot = gateway.limiter.acquire(self._client_key)
+        request = self._body.to_engine_request(self._request_id)
+        request.detachable = self._detachable
         try:
-            self._stream = await gateway.engine.open(self._body.to_engine_request(
-                self._request_id))
+            self._stream = await gateway.engine.open(request)
         except BaseException as exc:
             self.close()
             if isinstance(exc, EngineError):
                 gateway.metrics.engine_errors.labels(exc.code).inc()
             raise
         gateway.drain.track(self._stream)
+        self._timings = StreamTimings(gateway.metrics.surface(self._surface), opened_at)
+        self._stream.timings = self._timings
+        self._stream.on_error = self._engine_failed
+        return self._stream
+
+    async def attach(self, after_index: int | None) -> EngineStream:
+        """Re-attach to a detachable generation whose caller (another replica)
+        is gone, from the token after `after_index`. No admission and no slot:
+        the generation was admitted when it started, and refusing it now would
+        lose it; EngineError (404) when the engine no longer holds it."""
+        opened_at = monotonic()
+        gateway = self._gateway
+        try:
+            self._stream = await gateway.engine.attach(self._request_id, after_index)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, EngineError):
+                gateway.metrics.engine_errors.labels(exc.code).inc()
+            raise
+        gateway.drain.track(self._stream)
+        self._timings = StreamTimings(gateway.metrics.surface(self._surface), opened_at)
+        self._stream.timings = self._timings
+        self._stream.on_error = self._engine_failed
         return self._stream
 
     def events(self) -> AsyncIterator[EngineEvent]:
-        return self._gateway.broken_modes.apply(self, self._body.streamlab, self._counted())
+        options = self._body.streamlab if self._body is not None else None
+        return self._gateway.broken_modes.apply(self, options, self.stream.__aiter__())
 
-    async def _counted(self) -> AsyncIterator[EngineEvent]:
-        try:
-            async for event in self.stream:
-                yield event
-        except EngineError as exc:
-            self._gateway.metrics.engine_errors.labels(exc.code).inc()
-            raise
+    def _engine_failed(self, exc: EngineError) -> None:
+        self._gateway.metrics.engine_errors.labels(exc.code).inc()
+
+    def client_left(self) -> None:
+        """The client went away (its disconnect arrived): the close that follows
+        times the cancel from here."""
+        if self._client_left_at == 0.0:
+            self._client_left_at = monotonic()
 
     def abandon_call(self) -> None:
         """Leave the call running after close (only the detached broken mode does)."""
@@ -120,9 +165,17 @@ class EngineLease:
             return
         self._closed = True
         if self._stream is not None:
+            stream = self._stream
             if self._cancel_on_close:
-                self._stream.cancel()
-            self._gateway.drain.untrack(self._stream)
+                # stop(), not cancel(): a detachable generation outlives a
+                # dropped call, and an explicit stop must still stop it at once.
+                stream.stop()
+            self._gateway.drain.untrack(stream)
+            if self._timings is not None:
+                now = monotonic()
+                self._timings.closed(now)
+                if self._client_left_at and self._cancel_on_close and not stream.ended:
+                    self._timings.cancelled(self._client_left_at, now)
         if self._slot is not None:
             self._slot.release()
 

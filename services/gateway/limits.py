@@ -11,7 +11,9 @@ stream and a polling job, each until its generation ends.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,6 +65,39 @@ class StreamLimiter:
         self._open[key] -= 1
         if self._open[key] <= 0:
             del self._open[key]
+
+
+class TooManyConnections(GatewayError):
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(429, "too_many_connections", message,
+                         headers={"Retry-After": str(retry_after_s)})
+
+
+class ConnectRate:
+    """A token bucket on new connections to the resume surface: `rate_per_s`
+    refilled continuously, at most one second's worth banked. Resumes may be
+    let in regardless (`admit(force=True)`): they still spend tokens, driving
+    the bucket below zero, so new streams wait until the storm has passed."""
+
+    def __init__(self, rate_per_s: float, retry_after_s: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate_per_s
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._tokens = rate_per_s
+        self._at = clock()
+
+    def admit(self, *, force: bool = False) -> None:
+        if self._rate <= 0:
+            return  # no limit
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1 and not force:
+            raise TooManyConnections(
+                f"too many new connections: over {self._rate:g}/s on this gateway",
+                self._retry_after_s)
+        self._tokens -= 1
 
 
 class BodySizeLimit:

@@ -62,11 +62,13 @@ def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            gateway: GatewayDep) -> Response:
     settings = gateway.settings
-    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request))
+    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request),
+                          surface="sse" if body.stream else "json")
     if not body.stream:
         async with lease as stream:
             headers = {"X-Request-Id": stream.request_id}
-            answer = await until_disconnected(request, _collect(lease, settings.model_name))
+            answer = await until_disconnected(request, _collect(lease, settings.model_name),
+                                              on_leave=lease.client_left)
             if answer is None:  # the client left: nobody to answer (the lease cancels)
                 return Response(status_code=499)
             return JSONResponse(answer, headers=headers)
@@ -80,7 +82,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 ready=lambda: stream.pending),
         settings=settings, metrics=gateway.metrics,
         heartbeat_s=options.heartbeat_or(settings.heartbeat_s),
-        headers={"X-Request-Id": stream.request_id}, on_close=lease.close)
+        headers={"X-Request-Id": stream.request_id}, on_close=lease.close,
+        on_disconnect=lease.client_left)
 
 
 async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, include_usage: bool,
@@ -128,12 +131,15 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
         metrics.streams.labels(outcome).inc()
 
 
-async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Run `work` until it ends or the client leaves (then cancel it: None).
-    The body is already read, so the next ASGI message is the disconnect."""
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, T],
+                             on_leave: Callable[[], None] = lambda: None) -> T | None:
+    """Run `work` until it ends or the client leaves (then `on_leave()` and
+    cancel it: None). The body is already read, so the next ASGI message is
+    the disconnect."""
     async def client_left() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        on_leave()
 
     task = asyncio.ensure_future(work)
     listener = asyncio.ensure_future(client_left())

@@ -39,7 +39,8 @@ router = APIRouter()
 async def start_job(body: ChatCompletionRequest, request: Request,
                     gateway: GatewayDep) -> JSONResponse:
     # The SSE route's admission and caps: the job holds a slot while it generates.
-    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request))
+    lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request),
+                          surface="polling")
     ttl_s = job_ttl(gateway.settings.job_ttl_s,
                     body.streamlab.job_ttl_s if body.streamlab else None)
     await lease.open()

@@ -62,13 +62,15 @@ class Replay:
 
 
 class ReplayLog:
-    def __init__(self, max_events: int, max_bytes: int) -> None:
+    def __init__(self, max_events: int, max_bytes: int, start_after: int = 0) -> None:
+        """`start_after`: the sequence number before this log's first event (a
+        replica that takes a stream over continues the shared log from there)."""
         if max_events < 1 or max_bytes < 1:
             raise ValueError(f"replay log bounds must be positive: {max_events=}, {max_bytes=}")
         self.max_events = max_events
         self.max_bytes = max_bytes
         self._entries: deque[Entry] = deque()
-        self.last_seq = 0  # the newest sequence number ever appended (0: none)
+        self.last_seq = start_after  # the newest sequence number ever appended (0: none)
         self.bytes = 0
 
     @property

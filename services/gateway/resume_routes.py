@@ -24,7 +24,8 @@ events without being told:
     204  the client already has the terminal event: nothing more will come.
     400  the Last-Event-ID is malformed, of another stream, or from the future:
          resuming from a guess could duplicate or skip, so refuse.
-    404  no such stream; 410 it existed but its TTL ran out (evicted).
+    404  no such stream (or not this identity's); 410 this identity's stream
+         existed but its TTL ran out (evicted).
 
 The OpenAI-compatible route is untouched: its clients never resume, and there
 a disconnect still cancels at once.
@@ -32,23 +33,22 @@ a disconnect still cancels at once.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import AsyncIterator
+import hashlib
 from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import ServerSentEvent
 
+from services.gateway.drain import DRAINING
 from services.gateway.errors import BadRequest, GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
-from services.gateway.replay_log import BadEventId, event_id, is_stream_id, parse_event_id
+from services.gateway.replay_log import BadEventId, event_id, parse_event_id
+from services.gateway.resume_store import FoundStream
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse_response import event_stream
 from services.gateway.state import GatewayDep
-from services.gateway.streams import Attach, ResumableStream, StreamPolicy, StreamRegistry
+from services.gateway.streams import Attach, StreamPolicy
 
 DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
@@ -73,13 +73,24 @@ class CreateStreamRequest(ChatCompletionRequest):
     resume: ResumeOptions | None = None
 
 
-def _policy(settings: GatewaySettings, options: ResumeOptions | None) -> StreamPolicy:
+def retry_jitter_ms(stream_id: str, window_ms: int) -> int:
+    """This stream's own offset in [0, window_ms): stable for the stream (every
+    response of it sends the same `retry:`), spread evenly across streams."""
+    if window_ms <= 0:
+        return 0
+    digest = hashlib.blake2b(stream_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % window_ms
+
+
+def _policy(settings: GatewaySettings, options: ResumeOptions | None,
+            stream_id: str) -> StreamPolicy:
     options = options or ResumeOptions()
     grace = settings.resume_grace_s if options.grace_s is None else min(
         options.grace_s, settings.resume_grace_s)
     ttl = settings.resume_ttl_s if options.ttl_s is None else min(
         options.ttl_s, settings.resume_ttl_s)
     retry = settings.resume_retry_ms if options.retry_ms is None else options.retry_ms
+    retry += retry_jitter_ms(stream_id, settings.resume_retry_jitter_ms)
     max_events = settings.resume_log_max_events if options.max_events is None else min(
         options.max_events, settings.resume_log_max_events)
     return StreamPolicy(grace_s=grace, ttl_s=ttl, retry_ms=retry, max_events=max_events)
@@ -88,50 +99,41 @@ def _policy(settings: GatewaySettings, options: ResumeOptions | None) -> StreamP
 @router.post("/v1/streams", status_code=201)
 async def create_stream(body: CreateStreamRequest, request: Request,
                         gateway: GatewayDep) -> JSONResponse:
-    registry = gateway.streams
-    stream_id = registry.new_id()  # also the engine's request id
+    store = gateway.streams
+    gateway.connect_rate.admit()
+    stream_id = store.new_id()  # also the engine's request id
     # The same admission and stream caps as the OpenAI route: a resumable
     # generation holds its slot until it ends (not until its connection does).
     # A drain waits for the generation (not for its readers), then cancels it.
-    lease = gateway.lease(body, stream_id, gateway.identity(request))
+    # Detachable with the shared store: if this replica dies or drains, another
+    # one re-attaches to the generation (services/gateway/redis_store.py).
+    lease = gateway.lease(body, stream_id, gateway.identity(request), surface="resume",
+                          detachable=store.detachable_generations)
     lease.admit()
-    registry.ensure_capacity()
+    store.ensure_capacity()
     await lease.open()
-    # From here the stream owns the lease, and closes it when the generation ends.
-    stream = registry.create(stream_id, lease, _policy(gateway.settings, body.resume))
+    # From here the store owns the lease, and closes it when the generation ends.
+    policy = await store.create(stream_id, lease, _policy(gateway.settings, body.resume, stream_id))
     events_url = f"/v1/streams/{stream_id}/events"
     return JSONResponse(
         {"id": stream_id, "events_url": events_url, "status_url": f"/v1/streams/{stream_id}",
-         "grace_s": stream.policy.grace_s, "ttl_s": stream.policy.ttl_s,
-         "retry_ms": stream.policy.retry_ms},
+         "grace_s": policy.grace_s, "ttl_s": policy.ttl_s, "retry_ms": policy.retry_ms},
         status_code=201, headers={"Location": events_url, "X-Request-Id": stream_id})
-
-
-def _find(registry: StreamRegistry, stream_id: str, owner: str) -> ResumableStream:
-    """The stream, if `owner` created it: another identity learns nothing, not
-    even that the id exists (404, never 403 or 410)."""
-    stream = registry.get(stream_id) if is_stream_id(stream_id) else None
-    if stream is not None and stream.owner in (None, owner):
-        return stream
-    if stream is None and registry.was_evicted(stream_id):
-        raise GatewayError(410, "stream_expired",
-                           f"stream {stream_id} ended and its replay TTL ran out")
-    raise GatewayError(404, "unknown_stream", f"no stream {stream_id[:80]!r}")
 
 
 @router.get("/v1/streams/{stream_id}")
 async def stream_status(stream_id: str, request: Request, gateway: GatewayDep) -> JSONResponse:
-    return JSONResponse(_find(gateway.streams, stream_id, gateway.identity(request)).snapshot())
+    found = await gateway.streams.find(stream_id, gateway.identity(request))
+    return JSONResponse(await gateway.streams.status(found))
 
 
 @router.delete("/v1/streams/{stream_id}")
 async def cancel_stream(stream_id: str, request: Request, gateway: GatewayDep) -> JSONResponse:
-    stream = _find(gateway.streams, stream_id, gateway.identity(request))
-    stream.cancel("client_cancelled")
-    return JSONResponse(stream.snapshot())
+    found = await gateway.streams.find(stream_id, gateway.identity(request))
+    return JSONResponse(await gateway.streams.cancel(found, "client_cancelled"))
 
 
-def _resume_point(stream: ResumableStream, raw: str | None) -> int:
+def _resume_point(found: FoundStream, raw: str | None) -> int:
     """The sequence number the client has seen up to (0: nothing yet)."""
     if not raw:
         return 0
@@ -139,13 +141,13 @@ def _resume_point(stream: ResumableStream, raw: str | None) -> int:
         owner, seq = parse_event_id(raw)
     except BadEventId as exc:
         raise BadRequest("malformed_last_event_id", str(exc)) from exc
-    if owner != stream.id:
+    if owner != found.id:
         raise BadRequest("foreign_last_event_id",
                          f"Last-Event-ID {raw!r} belongs to another stream")
-    if seq > stream.log.last_seq:
+    if seq > found.last_seq + found.ahead:
         raise BadRequest("unknown_last_event_id",
                          f"Last-Event-ID {raw!r} is past this stream's last event "
-                         f"({event_id(stream.id, stream.log.last_seq)})")
+                         f"({event_id(found.id, found.last_seq)})")
     return seq
 
 
@@ -157,58 +159,39 @@ async def stream_events(
     last_event_id: str | None = Query(None, max_length=200,
                                       description="for clients that cannot set headers"),
 ) -> Response:
-    registry = gateway.streams
-    stream = _find(registry, stream_id, gateway.identity(request))
+    store = gateway.streams
+    if gateway.drain.draining and store.local(stream_id) is None:
+        # A draining gateway takes on no stream it does not run: it would take
+        # a handed-off stream over (or tail one from the store) and then cancel
+        # it with `gateway_shutdown` when it exits (uvicorn still serves requests
+        # on open keep-alive connections while it shuts down; rolling-deploy
+        # lost streams so). The 503 reaches nginx before any byte, so nginx
+        # retries the GET on another gateway (`proxy_next_upstream http_503`).
+        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
+                           headers={"Retry-After": str(gateway.settings.retry_after_s)})
     # The header wins: a browser's EventSource sends it on every reconnect,
     # while a query parameter baked into the URL would stay at its first value.
     raw = request.headers.get("last-event-id") or last_event_id
-    after = _resume_point(stream, raw)
-    if stream.ended and after == stream.log.last_seq:
+    # A reconnect storm: resumes first (they continue admitted generations),
+    # unless the broken "same" admission refuses them like new streams.
+    gateway.connect_rate.admit(force=bool(raw) and gateway.settings.resume_admission == "first")
+    found = await store.find(stream_id, gateway.identity(request))
+    after = _resume_point(found, raw)
+    if found.ended and after == found.last_seq:
         return Response(status_code=204)  # it has the end; tell it to stop
 
-    missed = stream.log.after(after).missed
+    missed = found.missed(after)
     resumes_after = missed[1] if missed else after
     replay = "fresh" if not raw else "partial" if missed else "complete"
-    registry.metrics.connections.labels(replay).inc()
-    record = Attach(at=round(time.monotonic() - stream.created, 3), last_event_id=raw,
+    store.metrics.connections.labels(replay).inc()
+    record = Attach(at=round(found.age_s, 3), last_event_id=raw,
                     resumed_after=after, missed=missed)
     # A reader that accepts no bytes for the send timeout is cut: its follower
     # detaches, so the grace clock starts, instead of holding on forever.
     return event_stream(
-        _follow(stream, after, record), settings=gateway.settings, metrics=gateway.metrics,
+        store.follow(found, after, record), settings=gateway.settings, metrics=gateway.metrics,
         heartbeat_s=gateway.settings.heartbeat_s,
-        headers={"Last-Event-ID": event_id(stream.id, resumes_after), "X-Request-Id": stream.id})
-
-
-async def _follow(stream: ResumableStream, after: int, record: Attach
-                  ) -> AsyncIterator[ServerSentEvent]:
-    # Attach inside the generator, so attach and detach pair up even when the
-    # client is gone before the body starts (then neither runs).
-    stream.attach(record)
-    try:
-        # Alone in its block: sets the reconnect delay before any event arrives.
-        yield ServerSentEvent(retry=stream.policy.retry_ms, sep="\n")
-        cursor = after
-        while True:
-            changed = stream.changed
-            replay = stream.log.after(cursor)
-            if replay.missed is not None:
-                first, last = replay.missed
-                yield ServerSentEvent(event="gap", sep="\n", data=json.dumps({
-                    "missed_from": event_id(stream.id, first),
-                    "missed_to": event_id(stream.id, last),
-                    "missed_events": last - first + 1}))
-                cursor = last
-            for entry in replay.entries:
-                yield ServerSentEvent(id=event_id(stream.id, entry.seq), event=entry.kind,
-                                      data=entry.data, sep="\n")
-                cursor = entry.seq
-            if stream.ended and cursor >= stream.log.last_seq:
-                return  # the terminal event is sent; the response ends
-            if not replay.entries and replay.missed is None:
-                await changed.wait()
-    finally:
-        stream.detach()
+        headers={"Last-Event-ID": event_id(found.id, resumes_after), "X-Request-Id": found.id})
 
 
 @router.get("/demo", include_in_schema=False)

@@ -13,6 +13,7 @@ import logging
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from services.gateway.app import create_app
 from services.gateway.drain import Drain
@@ -48,16 +49,22 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def uvicorn_config(app: FastAPI, settings: GatewaySettings) -> uvicorn.Config:
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                          # The drain already waited; this only bounds stragglers.
+                          timeout_graceful_shutdown=5,
+                          # The client's address, for its identity without auth
+                          # (services/gateway/identity.py): from X-Forwarded-For
+                          # when the peer is the proxy in front (nginx sets it).
+                          proxy_headers=True,
+                          forwarded_allow_ips=settings.forwarded_allow_ips,
+                          # Both sized for thousands of streams opened at once
+                          # (settings.py says why).
+                          access_log=settings.access_log, backlog=settings.backlog)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = GatewaySettings()
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            # The drain already waited; this only bounds stragglers.
-                            timeout_graceful_shutdown=5,
-                            # The client's address, for its identity without auth
-                            # (services/gateway/identity.py): from X-Forwarded-For
-                            # when the peer is the proxy in front (nginx sets it).
-                            proxy_headers=True,
-                            forwarded_allow_ips=settings.forwarded_allow_ips)
-    DrainingServer(config, app.state.gateway.drain).run()
+    DrainingServer(uvicorn_config(app, settings), app.state.gateway.drain).run()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import socket
+import uuid
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -11,13 +15,34 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8090
+    # uvicorn's line per response. Off by default: nginx in front already logs
+    # every request, and at thousands of stream set-ups a second the gateway's
+    # formatting and writing of those lines takes its one worker's CPU (1.9 s
+    # of 57 in docs/profile-gateway-2500-slow-streams.txt, on the 504s alone).
+    access_log: bool = False
+    # The listen socket's accept queue: a burst of new connections (thousands of
+    # streams opened within seconds) waits here while the worker is busy, rather
+    # than being refused. The kernel caps it at net.core.somaxconn.
+    backlog: int = Field(8192, ge=1)
     # Where the engine is reached: in the lab, Toxiproxy's "engine" listener.
     engine_target: str = "127.0.0.1:8473"
+    # Several engines: one target listing them all (`ipv4:127.0.0.1:8473,127.0.0.1:8483`,
+    # gRPC's name syntax), balanced by the channel itself. "auto": round_robin when
+    # the target lists several addresses, gRPC's pick_first when it names one.
+    engine_balancing: Literal["auto", "round_robin", "pick_first"] = "auto"
+    # With round_robin, watch each engine's gRPC health (Health/Watch) and send
+    # no new call to one that reports NOT_SERVING (draining). Off only to show
+    # what it prevents (tests/integration/test_replicas.py).
+    engine_health_checks: bool = True
     # Seconds between `: ping` comments on an SSE stream (0 disables them).
     heartbeat_s: float = Field(15.0, ge=0)
     # Seconds to wait for the engine to accept a call (its response headers)
     # before answering 504; covers a black-holed engine hop.
     engine_accept_timeout_s: float = Field(5.0, gt=0)
+    # Deadline of the explicit Cancel that stops a detachable generation (one
+    # that outlives its call, for re-attach by another replica). Short: when it
+    # fails, the engine still stops the generation when its orphan grace ends.
+    engine_cancel_timeout_s: float = Field(1.0, gt=0)
     # Per-stream deadlines on the engine hop, surfaced as clean error events:
     # silence from the engine (longer than any think pause you expect), and
     # the whole stream's length.
@@ -30,13 +55,27 @@ class GatewaySettings(BaseSettings):
     # even in the middle of a long think pause (ping every N s, dead after M s).
     engine_keepalive_s: float = Field(10.0, gt=0)
     engine_keepalive_timeout_s: float = Field(5.0, gt=0)
+    # Reconnecting to the engine after its connection dropped (a restart, a
+    # reset, a blip). The connect timeout is how long one attempt may take,
+    # TCP plus the HTTP/2 handshake: it must exceed the hop's round trip, or a
+    # slow hop (600 ms of latency) is never reconnected across ("connection
+    # attempt timed out", 503 for ever). gRPC's knob for it is
+    # grpc.min_reconnect_backoff_ms, which bounds the connect deadline, not
+    # the wait between attempts. A refused connect (engine down) fails at once
+    # whatever it is, so a generous value costs nothing there.
+    engine_connect_timeout_s: float = Field(5.0, gt=0)
+    # The wait between attempts: the first, growing (x1.6, jittered) up to the
+    # maximum. Short, so a restarted engine is usable again within a second.
+    engine_reconnect_backoff_s: float = Field(0.1, gt=0)
+    engine_reconnect_backoff_max_s: float = Field(1.0, gt=0)
     # How far the engine may run ahead of a client that stopped reading, per
     # stream (the gRPC flow-control window the gateway offers; BDP probing off
     # so it never grows). A token is ~30 bytes on this hop: 16 KiB ≈ 550 tokens.
     engine_read_ahead_bytes: int = Field(16_384, ge=1024)
     # Load shedding (services/gateway/limits.py): streams open at once, overall
-    # and per client key; past either, 429 with Retry-After.
-    max_streams: int = Field(512, ge=1)
+    # and per client key; past either, 429 with Retry-After. Sized for 5,000+
+    # slow streams on one worker (~30 KiB each); per client stays a fairness cap.
+    max_streams: int = Field(8192, ge=1)
     max_streams_per_client: int = Field(64, ge=1)
     retry_after_s: int = Field(1, ge=0)
     # Request size: bytes of body, characters of prompt (all messages together).
@@ -86,6 +125,21 @@ class GatewaySettings(BaseSettings):
     resume_ttl_s: float = Field(120.0, ge=0)
     # The `retry:` sent to clients: milliseconds before an EventSource reconnects.
     resume_retry_ms: int = Field(1000, ge=0, le=600_000)
+    # Each stream's `retry:` is resume_retry_ms plus its own offset in
+    # [0, this), drawn from the stream id: after an edge blip the clients come
+    # back spread over this window instead of all on the same tick (a
+    # reconnect storm, docs/resume.md). 0: every stream gets the same interval.
+    resume_retry_jitter_ms: int = Field(0, ge=0, le=600_000)
+    # New connections on the resume surface (a create, or a GET of the events)
+    # per second per gateway, with a burst of one second's worth; past it, 429
+    # with Retry-After. 0: no such limit.
+    resume_connect_rate_per_s: float = Field(0.0, ge=0)
+    # How a reconnect that carries Last-Event-ID meets that rate. "first": it is
+    # always let in (it continues a generation already admitted and paid for),
+    # and it still spends the bucket, so new streams wait behind a storm of
+    # resumes. "same": it is refused like a new stream (the broken case: a
+    # storm of resumes starves itself with 429s).
+    resume_admission: Literal["first", "same"] = "first"
     # Bounds on replay memory: per stream (oldest events are dropped first, and a
     # resuming client is told about the gap) and for all streams together
     # (finished streams are evicted first, oldest first).
@@ -95,6 +149,40 @@ class GatewaySettings(BaseSettings):
     # Most streams held at once (running or replayable); more → 503 on create.
     resume_max_streams: int = Field(1000, ge=1)
 
+    # ---- where the resume log lives (services/gateway/resume_store.py) -----------
+    # "memory": each gateway holds its own streams (one gateway; a stream id is
+    # 404 on any other replica and after a restart). "redis": every replica
+    # shares the log in Redis at `redis_url`, so any replica serves a resume,
+    # a status and a DELETE (services/gateway/redis_store.py).
+    resume_store: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # This gateway's name in the shared store: who owns a generation's engine
+    # call, and the control channel a DELETE elsewhere reaches it on. Empty:
+    # hostname:port (unique per replica on one host and across hosts).
+    replica_id: str = ""
+    # Every Redis call's bound (connect and each reply): a store that is down or
+    # black-holed answers a resume with 503 within this, never a hang. A live
+    # tail blocks on Redis for less than this (half of it) per read.
+    redis_timeout_s: float = Field(1.0, gt=0)
+    # A reader on a replica that does not own the generation counts for the
+    # owner's grace timer while its presence is fresh: refreshed at least every
+    # half of this, forgotten this long after its replica stopped refreshing it.
+    redis_follower_ttl_s: float = Field(3.0, gt=0)
+    # How long an expired stream's id answers 410 rather than 404.
+    redis_tombstone_s: float = Field(86_400.0, gt=0)
+    # Events a generation's owner keeps for Redis while writes fail (the store
+    # is down or slow); past it the oldest are dropped from the shared log (a
+    # resume on another replica then gets a `gap`), never from its own readers.
+    redis_pending_max_events: int = Field(10_000, ge=1)
+    # With the Redis store: open resumable generations as detachable, and when
+    # the replica that owns one is lost (killed, or drained for a restart) let
+    # the replica a client reads on take it over and re-attach to the engine's
+    # generation from the last token the shared log holds, so nothing is lost.
+    # False is the broken case the lab contrasts (issue 16's `replica-loss`):
+    # a lost owner ends its streams `cancelled` {"reason": "owner_lost"}, and a
+    # drain cancels them (`server_draining`).
+    reattach: bool = True
+
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and
     # deleted; 0 keeps jobs forever (the classic polling leak, kept switchable so the
@@ -102,3 +190,21 @@ class GatewaySettings(BaseSettings):
     job_ttl_s: float = Field(30.0, ge=0)
     # The longest a long-polling request may hold before answering "nothing yet".
     long_poll_max_s: float = Field(30.0, gt=0)
+    # With several gateways, a job lives in the one that started it: its ids
+    # begin with this tag (`g2.` + hex), which nginx maps to that gateway alone
+    # (streamlab/nginx.py `job_routes`). Empty: one gateway, plain hex ids.
+    job_route: str = Field("", pattern=r"^(g[1-9][0-9]*)?$")
+
+    @model_validator(mode="after")
+    def _name_the_replica(self) -> Self:
+        if not self.replica_id:
+            host = socket.gethostname() or uuid.uuid4().hex[:12]
+            self.replica_id = f"{host}:{self.port}"
+        return self
+
+    @model_validator(mode="after")
+    def _backoff_grows(self) -> Self:
+        if self.engine_reconnect_backoff_max_s < self.engine_reconnect_backoff_s:
+            raise ValueError("engine_reconnect_backoff_max_s must be at least "
+                             "engine_reconnect_backoff_s")
+        return self

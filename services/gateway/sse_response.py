@@ -1,7 +1,8 @@
 """The one way the gateway answers with an SSE stream (the OpenAI route and
 the resume surface's followers): heartbeats counted, proxies told not to
 buffer, a reader that accepts nothing cut after the send timeout, and a close
-hook that runs however the response ends.
+hook that runs however the response ends, and a disconnect hook that notes
+when the client left (the cancel latency's start).
 
 sse-starlette's EventSourceResponse runs three tasks per stream: the body
 (the route's event generator), a heartbeat that sends `: ping`, and a
@@ -82,9 +83,11 @@ class GuardedEventSourceResponse(EventSourceResponse):
     never-started async generator has nothing to unwind), which would leak the
     engine call and the stream slot. Its send timeout is a `SendWatchdog`."""
 
-    def __init__(self, on_close: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+    def __init__(self, on_close: Callable[[], None], on_disconnect: Callable[[], None],
+                 *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_close = on_close
+        self._on_disconnect = on_disconnect
         timeout = self.send_timeout
         self._watchdog = SendWatchdog(timeout) if timeout is not None else None
 
@@ -95,8 +98,15 @@ class GuardedEventSourceResponse(EventSourceResponse):
             await self._watchdog.send(send, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def noting_disconnect() -> Message:
+            # Only sse-starlette's disconnect listener receives: once a stream.
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._on_disconnect()
+            return message
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, noting_disconnect, send)
         finally:
             if self._watchdog is not None:
                 self._watchdog.close()
@@ -105,14 +115,14 @@ class GuardedEventSourceResponse(EventSourceResponse):
 
 def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,
                  settings: GatewaySettings, metrics: GatewayMetrics, heartbeat_s: float,
-                 headers: dict[str, str], on_close: Callable[[], None] = lambda: None
-                 ) -> EventSourceResponse:
+                 headers: dict[str, str], on_close: Callable[[], None] = lambda: None,
+                 on_disconnect: Callable[[], None] = lambda: None) -> EventSourceResponse:
     def ping() -> ServerSentEvent:
         metrics.heartbeats.inc()
         return ServerSentEvent(comment="ping")
 
     return GuardedEventSourceResponse(
-        on_close,
+        on_close, on_disconnect,
         events,
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         ping=heartbeat_s,

@@ -8,7 +8,8 @@
     limiter       the caps on work in flight, overall and per client identity
     models        the model names a request may ask for
     broken_modes  the lab's broken modes: refused or applied, per request
-    streams       the resume surface's registry (/v1/streams)
+    streams       the resume surface's store (/v1/streams): this gateway's
+                  memory, or the log shared in Redis (settings.resume_store)
     jobs          the polling surface's job store (/v1/jobs)
     engine        the engine client: given to create_app (a test's scripted
                   engine), or the gRPC client the lifespan opens and closes
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends
+from prometheus_client import CollectorRegistry
 from starlette.requests import HTTPConnection
 
 from services.gateway.broken_modes import BrokenModes
@@ -27,11 +29,12 @@ from services.gateway.engine_client import Engine
 from services.gateway.identity import client_identity
 from services.gateway.jobs import JobMetrics, JobStore
 from services.gateway.lease import EngineLease
-from services.gateway.limits import StreamLimiter
+from services.gateway.limits import ConnectRate, StreamLimiter
+from services.gateway.memory_store import MemoryStore
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
+from services.gateway.resume_store import ResumeStore
 from services.gateway.settings import GatewaySettings
-from services.gateway.streams import StreamRegistry
 
 
 class GatewayState:
@@ -41,9 +44,13 @@ class GatewayState:
         self.drain = Drain(settings.drain_grace_s)
         self.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
                                      settings.retry_after_s)
+        # New connections to the resume surface per second (0: unlimited).
+        self.connect_rate = ConnectRate(settings.resume_connect_rate_per_s,
+                                        settings.retry_after_s)
         self.broken_modes = BrokenModes(settings.allow_broken_modes)
-        self.streams = StreamRegistry(settings, self.metrics.registry)
-        self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry))
+        self.streams: ResumeStore = build_resume_store(settings, self.metrics.registry)
+        self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry),
+                             route=settings.job_route)
         self.models = frozenset([settings.model_name, *settings.model_aliases])
         self._engine = engine
 
@@ -64,12 +71,26 @@ class GatewayState:
     def identity(self, connection: HTTPConnection) -> str:
         return client_identity(connection, self.settings)
 
-    def lease(self, body: ChatCompletionRequest, request_id: str,
-              client_key: str | None) -> EngineLease:
-        return EngineLease(self, body, request_id, client_key)
+    def lease(self, body: ChatCompletionRequest | None, request_id: str,
+              client_key: str | None, surface: str = "sse",
+              detachable: bool = False) -> EngineLease:
+        return EngineLease(self, body, request_id, client_key, surface, detachable)
 
 
-def gateway_state(connection: HTTPConnection) -> GatewayState:
+def build_resume_store(settings: GatewaySettings, metrics: CollectorRegistry) -> ResumeStore:
+    if settings.resume_store == "redis":
+        # Imported only when chosen: the memory default never loads redis-py.
+        from services.gateway.redis_store import RedisStore
+        return RedisStore(settings, metrics)
+    return MemoryStore(settings, metrics)
+
+
+async def gateway_state(connection: HTTPConnection) -> GatewayState:
+    # `async def`, though it awaits nothing: FastAPI runs a plain `def`
+    # dependency in the thread pool, a hop through anyio's worker threads on
+    # every request (4.4 s of 57 in a profile of 2,500 stream set-ups:
+    # docs/profile-gateway-2500-slow-streams.txt). tests/unit/gateway/
+    # test_no_threadpool.py keeps every route's dependencies on the loop.
     state: GatewayState = connection.app.state.gateway
     return state
 

@@ -39,6 +39,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -177,12 +178,22 @@ class ResumableStream:
                         "usage": usage_dict(event.usage)})
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
-                self.cancel_reason = DRAINING
-                self._end(GenerationState.CANCELLED, "cancelled", {"reason": DRAINING})
+                self._drained()
             else:
                 self._end(GenerationState.FAILED, "error", exc.body())
         finally:
             self._lease.close()
+
+    def _drained(self) -> None:
+        """The drain's deadline dropped the engine call: this gateway's streams
+        end here (the shared store hands them to another replica instead)."""
+        self.cancel_reason = DRAINING
+        self._end(GenerationState.CANCELLED, "cancelled", {"reason": DRAINING})
+
+    @property
+    def handed_off(self) -> bool:
+        """Another replica continues it: this one's readers end with `retry:`."""
+        return False
 
     def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
         before = self.log.bytes
@@ -219,13 +230,19 @@ class ResumableStream:
         }
 
 
+StreamFactory = Callable[
+    [str, "EngineLease", ReplayLog, StreamPolicy, "StreamRegistry"], ResumableStream]
+
+
 class StreamRegistry:
     def __init__(self, settings: GatewaySettings, metrics: CollectorRegistry) -> None:
         self.settings = settings
         self.metrics = ResumeMetrics(metrics)
         self._streams: OrderedDict[str, ResumableStream] = OrderedDict()  # oldest first
         self._evictions: dict[str, asyncio.TimerHandle] = {}
-        self._tombstones: OrderedDict[str, None] = OrderedDict()
+        # Evicted id -> the identity that owned it: only that one is told 410;
+        # to anyone else the id never existed (404), as for a live stream.
+        self._tombstones: OrderedDict[str, str | None] = OrderedDict()
         self.total_bytes = 0
 
     @staticmethod
@@ -235,8 +252,11 @@ class StreamRegistry:
     def get(self, stream_id: str) -> ResumableStream | None:
         return self._streams.get(stream_id)
 
-    def was_evicted(self, stream_id: str) -> bool:
-        return stream_id in self._tombstones
+    def was_evicted(self, stream_id: str, owner: str) -> bool:
+        """Whether `owner`'s stream `stream_id` existed and was evicted."""
+        if stream_id not in self._tombstones:
+            return False
+        return self._tombstones[stream_id] in (None, owner)
 
     def ensure_capacity(self) -> None:
         """Make room for one more stream, or refuse before the engine is asked."""
@@ -247,11 +267,15 @@ class StreamRegistry:
                                    "try again later",
                                    headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
-               ) -> ResumableStream:
-        """Register a started generation and own its open lease from now on."""
-        log = ReplayLog(policy.max_events, self.settings.resume_log_max_bytes)
-        stream = ResumableStream(stream_id, lease, log, policy, self)
+    def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy,
+               build: StreamFactory | None = None, after_seq: int = 0) -> ResumableStream:
+        """Register a started generation and own its open lease from now on.
+        `build`: a ResumableStream subclass's constructor (the shared store's
+        mirrors its log to Redis); the plain one by default. `after_seq`: the
+        sequence number its first event follows (a stream taken over from
+        another replica continues the shared log)."""
+        log = ReplayLog(policy.max_events, self.settings.resume_log_max_bytes, after_seq)
+        stream = (build or ResumableStream)(stream_id, lease, log, policy, self)
         self._streams[stream_id] = stream
         self.metrics.held.set(len(self._streams))
         stream.start(self.settings.resume_attach_timeout_s)
@@ -285,7 +309,7 @@ class StreamRegistry:
         if stream is None:
             return
         self.total_bytes -= stream.log.clear()
-        self._tombstones[stream_id] = None
+        self._tombstones[stream_id] = stream.owner
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
         self.metrics.held.set(len(self._streams))

@@ -134,7 +134,8 @@ async def ws_stream(websocket: WebSocket, gateway: GatewayDep) -> None:
         chat = prompt.to_chat()
         request_id = (prompt.streamlab.request_id if prompt.streamlab else None) \
             or uuid.uuid4().hex
-        lease = gateway.lease(chat, request_id, gateway.identity(websocket))
+        lease = gateway.lease(chat, request_id, gateway.identity(websocket),
+                              surface="websocket")
         await lease.open()
     except WebSocketDisconnect:
         return

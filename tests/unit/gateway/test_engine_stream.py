@@ -123,3 +123,40 @@ async def _slowly(stream: EngineStream, hold_s: float
     async for event in stream:
         await asyncio.sleep(hold_s)
         yield event
+
+
+class RecordedTimings:
+    def __init__(self) -> None:
+        self.messages: list[int] = []
+
+    def tokens(self, at: float, count: int) -> None:
+        self.messages.append(count)
+
+
+async def test_the_error_hook_sees_each_failure_once_and_timings_see_each_message() -> None:
+    """The hooks that replaced the lease's counting wrapper: a batch is one
+    message of three tokens, and the error the consumer gets is the one counted."""
+    batch = pb.GenerateResponse(tokens=pb.TokenBatch(
+        chunks=[pb.TokenChunk(index=i, text=f"t{i} ") for i in (1, 2, 3)]))
+    failure = pb.GenerateResponse(error=pb.StreamError(code="model_crashed", message="boom"))
+    stream = EngineStream(QueuedCall(token(0), batch, failure), "r", 5.0, 60.0)
+    timings, errors = RecordedTimings(), list[EngineError]()
+    stream.timings = timings  # type: ignore[assignment]
+    stream.on_error = errors.append
+    with pytest.raises(EngineError) as raised:
+        async for _ in stream:
+            pass
+    assert [e.code for e in errors] == ["model_crashed"]
+    assert errors[0] is raised.value
+    assert timings.messages == [1, 3]
+    assert stream.ended
+
+
+async def test_a_finished_stream_has_ended_and_counts_no_error() -> None:
+    stream = EngineStream(QueuedCall(token(0), FINISH), "r", 5.0, 60.0)
+    errors: list[EngineError] = []
+    stream.on_error = errors.append
+    async for _ in stream:
+        pass
+    assert stream.ended
+    assert errors == []

@@ -150,3 +150,21 @@ async def test_without_auth_another_address_cannot_see_a_job_or_a_stream() -> No
         assert (await gw.http.get(f"/v1/jobs/{job}")).status_code == 200
         await asyncio.gather(*(gw.http.delete(p) for p in (f"/v1/jobs/{job}",
                                                            f"/v1/streams/{stream}")))
+
+
+async def test_an_evicted_stream_is_gone_only_to_its_owner_another_gets_404() -> None:
+    """A 410 told a stranger that the id had existed; to them it never did."""
+    async with running(held_engine(), api_keys=["sk-a", "sk-b"], resume_ttl_s=0) as gw:
+        stream = (await gw.http.post("/v1/streams", json=chat(),
+                                     headers=bearer("sk-a"))).json()["id"]
+        await gw.http.delete(f"/v1/streams/{stream}", headers=bearer("sk-a"))
+        await until(lambda: gw.gateway.streams.local(stream) is None)  # TTL 0: evicted
+        for method, path in [("GET", f"/v1/streams/{stream}"),
+                             ("GET", f"/v1/streams/{stream}/events"),
+                             ("DELETE", f"/v1/streams/{stream}")]:
+            mine = await gw.http.request(method, path, headers=bearer("sk-a"))
+            assert mine.status_code == 410, (method, path)
+            assert mine.json()["error"]["code"] == "stream_expired"
+            stranger = await gw.http.request(method, path, headers=bearer("sk-b"))
+            assert stranger.status_code == 404, (method, path)
+            assert stranger.json()["error"]["code"] == "unknown_stream"

@@ -86,3 +86,13 @@ def test_event_ids_name_the_stream_and_the_place_in_it() -> None:
 def test_malformed_event_ids_are_refused(bad: str) -> None:
     with pytest.raises(BadEventId):
         parse_event_id(bad)
+
+
+def test_a_log_taken_over_continues_the_shared_logs_numbering() -> None:
+    """A replica that takes a stream over starts its log after the shared
+    log's last event; what comes before is not held here (Redis has it)."""
+    log = ReplayLog(max_events=10, max_bytes=1 << 20, start_after=12)
+    assert (log.last_seq, log.first_seq) == (12, 13)
+    assert log.append("token", "x").seq == 13
+    assert log.after(12).entries[0].seq == 13
+    assert log.after(5).missed == (6, 12)

@@ -158,11 +158,31 @@ async def test_a_resumable_stream_nobody_reads_is_cancelled_after_the_attach_tim
         assert (gw.gateway.limiter.open, gw.gateway.drain.live) == (0, 0)
 
 
+async def test_a_draining_gateway_serves_the_streams_it_runs_and_refuses_the_others() -> None:
+    """A resume of a stream this gateway does not run (another replica's, one
+    handed off, an unknown id) gets 503 while it drains, before any byte, so
+    nginx retries it on another gateway; taking it on here would end it with
+    `gateway_shutdown` when this one exits (rolling-deploy lost streams so)."""
+    async with running(ScriptedEngine(Script(tokens=3)), drain_grace_s=0.05) as gw:
+        stream_id = (await gw.http.post("/v1/streams", json=chat())).json()["id"]
+        await until(lambda: gw.gateway.streams.local(stream_id) is not None
+                    and gw.gateway.streams.local(stream_id).ended)  # type: ignore[union-attr]
+        gw.gateway.drain.draining = True
+        own = await gw.http.get(f"/v1/streams/{stream_id}/events")
+        assert own.status_code == 200
+        assert "event: done" in own.content.decode()
+        elsewhere = await gw.http.get(f"/v1/streams/{'0' * 32}/events",
+                                      headers={"Last-Event-ID": f"{'0' * 32}:3"})
+        assert elsewhere.status_code == 503
+        assert elsewhere.json()["error"]["code"] == "server_draining"
+        assert "retry-after" in elsewhere.headers
+
+
 async def test_a_resumable_stream_replays_after_last_event_id_and_ends_with_done() -> None:
     async with running(ScriptedEngine(Script(tokens=3))) as gw:
         stream_id = (await gw.http.post("/v1/streams", json=chat())).json()["id"]
-        await until(lambda: gw.gateway.streams.get(stream_id) is not None
-                    and gw.gateway.streams.get(stream_id).ended)  # type: ignore[union-attr]
+        await until(lambda: gw.gateway.streams.local(stream_id) is not None
+                    and gw.gateway.streams.local(stream_id).ended)  # type: ignore[union-attr]
         replay = await gw.http.get(f"/v1/streams/{stream_id}/events",
                                    headers={"Last-Event-ID": f"{stream_id}:1"})
         events = replay.content.decode()

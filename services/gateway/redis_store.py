@@ -1,0 +1,565 @@
+"""The shared resume store (`resume_store = "redis"`): every replica serves
+every stream; the replica that created a stream owns its engine call.
+
+    owner (created it)                      any other replica
+    ──────────────────                      ─────────────────
+    SharedStream: the memory stream,        find / status: HGETALL meta
+      readers served from memory              (services/gateway/redis_tail.py)
+      LogMirror ─▶ Redis (batched)  ──────▶ tail: XREAD after Last-Event-ID,
+      grace timer counts remote readers       BLOCK for the live tail; its
+        (ZCOUNT followers)          ◀──────     presence in `followers`
+      ControlChannel: cancel        ◀──────  DELETE: PUBLISH to the owner's
+                                               channel, wait for the end
+
+Key layout: services/gateway/redis_keys.py. Who cancels: a DELETE anywhere
+lands in the owner's `ResumableStream.cancel`; the grace timer runs on the
+owner only, and when it fires it cancels only if no reader on any replica is
+present (else it looks again every third of the follower TTL, and once the
+last remote reader is gone gives the full grace from then).
+
+A lost owner (ARCHITECTURE.md draws who owns a generation across replicas): its
+generations are detachable, so the engine keeps them running for its orphan
+grace. A reader on another replica that finds the owner's alive key gone (it
+was SIGKILLed), or the meta's `replica` empty (it drained and handed its
+streams off), claims the stream in one Lua script (one winner), re-attaches
+to the engine's generation after the last token the shared log holds, and
+owns it from then on: its LogMirror continues the log, its control channel
+takes DELETEs, its grace timer runs. With `reattach` off (the broken case),
+or when the engine no longer holds it, the stream ends `owner_lost`.
+
+Redis faults: creating a stream needs Redis (its metadata is written before
+the 201; else 503 and the generation is cancelled); a running stream's owner
+needs it for nothing its own readers see (writes retry, services/gateway/
+redis_log.py says what is lost); every other replica answers 503 (or ends a
+tail with an SSE `error`) within `redis_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+from sse_starlette import ServerSentEvent
+
+from services.gateway.errors import EngineError
+from services.gateway.memory_store import MemoryStore, expired, find_local, follow_local, unknown
+from services.gateway.redis_control import ControlChannel
+from services.gateway.redis_keys import (
+    RELEASED,
+    StreamKeys,
+    StreamMeta,
+    replica_key,
+    stream_keys,
+)
+from services.gateway.redis_log import STORE_ERRORS, LogMirror, StoreMetrics
+from services.gateway.redis_tail import (
+    Presence,
+    ReaderMustMove,
+    first_seq,
+    fresh_followers,
+    read_meta,
+    store_unavailable,
+    tail,
+)
+from services.gateway.replay_log import Entry, ReplayLog, event_id, is_stream_id
+from services.gateway.resume_store import FoundStream, ResumeStore
+from services.gateway.settings import GatewaySettings
+from services.gateway.streams import (
+    MAX_ATTACH_RECORDS,
+    Attach,
+    ResumableStream,
+    StreamPolicy,
+    StreamRegistry,
+)
+
+if TYPE_CHECKING:
+    from services.gateway.lease import EngineLease
+    from services.gateway.state import GatewayState
+
+log = logging.getLogger("streamlab.gateway")
+
+KEY_PREFIX = "streamlab:resume"
+# Ends a stream whose owner is gone, atomically, if it is still running:
+# KEYS events, meta; ARGV terminal data, reason, max_events, and the newest
+# sequence number the reader that noticed has (its client may hold events the
+# dead owner served from memory and never wrote: the end must come after them).
+END_ORPHAN = """
+if redis.call('HGET', KEYS[2], 'state') ~= 'running' then return 0 end
+local seq = math.max(tonumber(redis.call('HGET', KEYS[2], 'last_seq')), tonumber(ARGV[4])) + 1
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '0-' .. seq, 'k', 'cancelled', 'd', ARGV[1])
+redis.call('HSET', KEYS[2], 'state', 'cancelled', 'cancel_reason', ARGV[2], 'last_seq', seq)
+return seq
+"""
+# Takes a running stream over from a replica that is gone, atomically: among
+# the replicas whose readers noticed at once, one wins (the others see the
+# meta's `replica` changed). KEYS meta, the old owner's alive key; ARGV old
+# replica (RELEASED when it handed the stream off), this replica, the old
+# owner's incarnation ("" if unknown), this one's. Returns the
+# last sequence number the log holds, or -1 when there is nothing to take.
+# (Two keys of different hash slots: fine on one Redis, not on a Cluster.)
+CLAIM = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return -1 end
+if redis.call('HGET', KEYS[1], 'replica') ~= ARGV[1] then return -1 end
+local alive = redis.call('GET', KEYS[2])
+if ARGV[1] ~= '' and alive and (ARGV[3] == '' or alive == ARGV[3]) then return -1 end
+redis.call('HSET', KEYS[1], 'replica', ARGV[2], 'incarnation', ARGV[4])
+return tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
+"""
+# Records one reader's attach, wherever it attached: KEYS attaches, meta; ARGV
+# the record (JSON), how many to keep, a TTL (ms) for when meta has none left.
+# The list expires with the stream's meta (the writer's PEXPIREs move both).
+RECORD_ATTACH = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl <= 0 then ttl = tonumber(ARGV[3]) end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return ttl
+"""
+# The engine's refusal of an index older than its buffer names the oldest it holds.
+OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
+
+
+class SharedStream(ResumableStream):
+    """A stream this replica owns: its log is mirrored to Redis, and its grace
+    timer asks Redis whether anyone elsewhere is reading."""
+
+    def __init__(self, stream_id: str, lease: EngineLease, log: ReplayLog,
+                 policy: StreamPolicy, registry: StreamRegistry, store: RedisStore) -> None:
+        super().__init__(stream_id, lease, log, policy, registry)
+        self._store = store
+        self._epoch = 0  # bumped by every arm/disarm: a stale check must not cancel
+        self._check_task: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
+        self.created_unix = time.time()
+        self._handed_off = False
+        self.keys = stream_keys(KEY_PREFIX, stream_id)
+        self.mirror = LogMirror(
+            store.redis, self.keys, self.meta,
+            running_ttl_s=store.settings.max_stream_duration_s + policy.ttl_s,
+            pending_max=store.settings.redis_pending_max_events, metrics=store.store_metrics)
+
+    def meta(self) -> StreamMeta:
+        replica = RELEASED if self._handed_off else self._store.settings.replica_id
+        return StreamMeta(owner=self.owner, replica=replica,
+                          state=self.state, cancel_reason=self.cancel_reason,
+                          last_seq=self.log.last_seq, grace_s=self.policy.grace_s,
+                          ttl_s=self.policy.ttl_s, retry_ms=self.policy.retry_ms,
+                          max_events=self.policy.max_events, created=self.created_unix,
+                          incarnation="" if self._handed_off else self._store.control.incarnation)
+
+    def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
+        entry = super()._append(kind, payload)
+        self.mirror.add(entry)
+        return entry
+
+    # ---- a drain hands the stream to another replica -----------------------------
+    @property
+    def handed_off(self) -> bool:
+        return self._handed_off
+
+    def _drained(self) -> None:
+        """The drain dropped the engine call, which only orphans a detachable
+        generation: instead of ending the stream, write what is pending and
+        mark it released (meta `replica` empty), so the replica its client
+        reconnects to takes it over at once (no wait for an alive key to
+        expire), and end this replica's readers with `retry:`."""
+        if not self._store.settings.reattach:
+            super()._drained()
+            return
+        self._handed_off = True
+        self._disarm()
+        self._lease.abandon_call()  # no explicit Cancel: the generation stays
+        self._lease.close()
+        self.mirror.release()
+        self._store.store_metrics.takeovers.labels("handed_off").inc()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def cancel(self, reason: str) -> None:
+        if not self._handed_off:  # else it is another replica's to stop
+            super().cancel(reason)
+
+    # ---- grace that counts readers on every replica ------------------------------
+    def _arm(self, delay_s: float, reason: str) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(
+            max(delay_s, 0.0), self._expire, reason, self._epoch, False)
+
+    def _disarm(self) -> None:
+        self._epoch += 1
+        super()._disarm()
+
+    def remote_attached(self) -> None:
+        """A reader on another replica: what was a never-attached timer
+        becomes a watch on the remote readers (then the grace once they leave)."""
+        if self.ended or self.followers > 0:
+            return
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(
+            self._store.settings.redis_follower_ttl_s / 3, self._expire,
+            "resume_grace_expired", self._epoch, True)
+
+    def _expire(self, reason: str, epoch: int, remote_seen: bool) -> None:
+        self._timer = None
+        self._check_task = asyncio.get_running_loop().create_task(
+            self._check(reason, epoch, remote_seen), name=f"resume-grace-{self.id}")
+
+    async def _check(self, reason: str, epoch: int, remote_seen: bool) -> None:
+        try:
+            remote = await fresh_followers(self._store.redis, self.keys)
+        except STORE_ERRORS:
+            remote = 0  # no store: nobody elsewhere can be reading it
+        if epoch != self._epoch or self.ended or self.followers > 0:
+            return  # a local reader came back meanwhile, or it ended
+        loop = asyncio.get_running_loop()
+        if remote:  # someone elsewhere reads: look again soon
+            poll_s = self._store.settings.redis_follower_ttl_s / 3
+            self._timer = loop.call_later(poll_s, self._expire, "resume_grace_expired",
+                                          epoch, True)
+        elif remote_seen:  # the last remote reader just left: its grace starts now
+            self._timer = loop.call_later(self.policy.grace_s, self._expire,
+                                          "resume_grace_expired", epoch, False)
+        else:
+            self.cancel(reason)
+
+
+class RedisStore(ResumeStore):
+    def __init__(self, settings: GatewaySettings, metrics: CollectorRegistry) -> None:
+        self.settings = settings
+        timeout = settings.redis_timeout_s
+        # One bound for every call (connect and reply); a live tail's blocking
+        # read has its own client, whose bound adds the time it blocks.
+        self.block_s = min(timeout, settings.redis_follower_ttl_s) / 3
+        common: dict[str, Any] = {"socket_connect_timeout": timeout, "decode_responses": True,
+                                  "retry_on_timeout": False, "health_check_interval": 5}
+        self.redis = Redis.from_url(settings.redis_url, socket_timeout=timeout, **common)
+        self.tail_redis = Redis.from_url(settings.redis_url,
+                                         socket_timeout=timeout + self.block_s, **common)
+        self.store_metrics = StoreMetrics(metrics)
+        self.memory = MemoryStore(settings, metrics, build=self._build)
+        self.metrics = self.memory.metrics
+        self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
+                                      self._on_command)
+        self._mirrors: set[LogMirror] = set()
+        self._end_orphan = self.redis.register_script(END_ORPHAN)
+        self._claim = self.redis.register_script(CLAIM)
+        self._record_attach = self.redis.register_script(RECORD_ATTACH)
+        self._attach_writes: set[asyncio.Task[None]] = set()
+        self._gateway: GatewayState | None = None  # set by open(): leases for a takeover
+
+    @property
+    def detachable_generations(self) -> bool:  # type: ignore[override]
+        return self.settings.reattach
+
+    def _build(self, stream_id: str, lease: EngineLease, log: ReplayLog, policy: StreamPolicy,
+               registry: StreamRegistry) -> ResumableStream:
+        return SharedStream(stream_id, lease, log, policy, registry, self)
+
+    async def open(self, gateway: GatewayState) -> None:
+        self._gateway = gateway
+        self.control.start()
+
+    def ensure_capacity(self) -> None:
+        self.memory.ensure_capacity()
+
+    def local(self, stream_id: str) -> ResumableStream | None:
+        """The stream if this replica runs its engine call (not once handed off)."""
+        stream = self.memory.local(stream_id)
+        return None if stream is None or stream.handed_off else stream
+
+    async def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
+                     ) -> StreamPolicy:
+        stream = self.memory.registry.create(stream_id, lease, policy, self._build)
+        assert isinstance(stream, SharedStream)
+        try:
+            await stream.mirror.write_meta()
+        except STORE_ERRORS as exc:
+            self.store_metrics.write_failures.inc()
+            stream.cancel("resume_store_unavailable")
+            raise store_unavailable(self.settings.retry_after_s) from exc
+        self._start_mirror(stream)
+        return stream.policy
+
+    def _start_mirror(self, stream: SharedStream) -> None:
+        self._mirrors.add(stream.mirror)
+        stream.mirror.start(self.settings.redis_tombstone_s).add_done_callback(
+            lambda _: self._mirrors.discard(stream.mirror))
+
+    def _on_command(self, op: str, stream_id: str, reason: str) -> None:
+        stream = self.local(stream_id)
+        if not isinstance(stream, SharedStream):
+            return
+        if op == "cancel":
+            stream.cancel(reason)
+        elif op == "attached":
+            stream.remote_attached()
+
+    # ---- reading -----------------------------------------------------------------------
+    def _bounded(self) -> asyncio.Timeout:
+        """One deadline for all the store calls of one request. Each call has its
+        own socket timeout, but a request makes several in a row (the meta, the
+        log's first entry, the followers) and a fresh connection adds its
+        handshake: through a black-holed store a resume took 1-3 s and more to
+        get its 503 (store-faults). TimeoutError is one of STORE_ERRORS."""
+        return asyncio.timeout(self.settings.redis_timeout_s)
+
+    async def find(self, stream_id: str, owner: str) -> FoundStream:
+        stream = find_local(self.memory.registry, stream_id, owner)
+        if stream is not None and not stream.handed_off:
+            # We own it: served from memory, Redis or not. Taken over from
+            # another replica, the events before are in Redis (follow reads them).
+            first = stream.log.first_seq
+            if first > 1:
+                with contextlib.suppress(*STORE_ERRORS):
+                    async with self._bounded():
+                        first = min(first, await first_seq(
+                            self.redis, stream_keys(KEY_PREFIX, stream.id),
+                            stream.log.last_seq))
+            return FoundStream(id=stream.id, last_seq=stream.log.last_seq,
+                               first_seq=first, ended=stream.ended,
+                               retry_ms=stream.policy.retry_ms,
+                               age_s=time.monotonic() - stream.created)
+        if not is_stream_id(stream_id):
+            raise unknown(stream_id)
+        keys = stream_keys(KEY_PREFIX, stream_id)
+        try:
+            async with self._bounded():
+                meta = await read_meta(self.redis, keys)
+                if meta is None:
+                    gone_owner = await self.redis.get(keys.gone)
+                    if gone_owner is not None and gone_owner in ("", owner):
+                        raise expired(stream_id)
+                    raise unknown(stream_id)
+                first = await first_seq(self.redis, keys, meta.last_seq)
+        except STORE_ERRORS as exc:
+            self.store_metrics.read_failures.inc()
+            raise store_unavailable(self.settings.retry_after_s) from exc
+        if meta.owner not in (None, owner):
+            raise unknown(stream_id)
+        return FoundStream(id=stream_id, last_seq=meta.last_seq, first_seq=first,
+                           ended=meta.ended, retry_ms=meta.retry_ms,
+                           age_s=time.time() - meta.created, owner_replica=meta.replica,
+                           ahead=0 if meta.ended else self.settings.redis_pending_max_events)
+
+    async def status(self, found: FoundStream) -> dict[str, Any]:
+        stream = self.local(found.id)
+        keys = stream_keys(KEY_PREFIX, found.id)
+        if stream is not None:
+            snapshot = {**stream.snapshot(), "replica": self.settings.replica_id}
+            # Its readers on every replica, as the others answer; the owner's
+            # own memory when the store cannot say (it still knows its own).
+            with contextlib.suppress(*STORE_ERRORS):
+                async with self._bounded():
+                    snapshot["attaches"] = await self._attaches(keys) or snapshot["attaches"]
+            return snapshot
+        try:
+            async with self._bounded():
+                meta = await read_meta(self.redis, keys)
+                if meta is None:
+                    raise expired(found.id)
+                first = await first_seq(self.redis, keys, meta.last_seq)
+                followers = await fresh_followers(self.redis, keys)
+                attaches = await self._attaches(keys)
+        except STORE_ERRORS as exc:
+            self.store_metrics.read_failures.inc()
+            raise store_unavailable(self.settings.retry_after_s) from exc
+        return {"id": found.id, "state": meta.state.value, "cancel_reason": meta.cancel_reason,
+                # readers elsewhere; the owner's own readers are in its own answer
+                "followers": followers, "first_seq": first, "last_seq": meta.last_seq,
+                "last_event_id": event_id(found.id, meta.last_seq), "replay_bytes": None,
+                "grace_s": meta.grace_s, "ttl_s": meta.ttl_s, "attaches": attaches,
+                "replica": meta.replica}
+
+    async def _attaches(self, keys: StreamKeys) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in await self.redis.lrange(keys.attaches, 0, -1)]
+
+    def _share_attach(self, stream_id: str, record: Attach) -> None:
+        """Put a reader's attach record in the shared log, in the background: a
+        status asked on any replica lists every reader (a browser that resumed
+        on another gateway than the owner was missing from the owner's answer,
+        and the other gateway's was empty). Best effort: never delays a reader."""
+        keys = stream_keys(KEY_PREFIX, stream_id)
+        fallback_ms = int((self.settings.max_stream_duration_s + self.settings.resume_ttl_s)
+                          * 1000)
+
+        async def write() -> None:
+            with contextlib.suppress(*STORE_ERRORS):
+                async with self._bounded():
+                    await self._record_attach(
+                        keys=[keys.attaches, keys.meta],
+                        args=[json.dumps(asdict(record)), MAX_ATTACH_RECORDS, fallback_ms])
+
+        task = asyncio.get_running_loop().create_task(write(), name=f"attach-{stream_id}")
+        self._attach_writes.add(task)
+        task.add_done_callback(self._attach_writes.discard)
+
+    def follow(self, found: FoundStream, after: int, record: Attach
+               ) -> AsyncIterator[ServerSentEvent]:
+        self._share_attach(found.id, record)
+        stream = self.local(found.id)
+        if stream is not None and after + 1 >= stream.log.first_seq:
+            return follow_local(stream, after, record)
+        # Elsewhere, or taken over here after what the client asks for: from Redis.
+        keys = stream_keys(KEY_PREFIX, found.id)
+        presence = Presence(self.redis, keys, self.settings.replica_id,
+                            self.settings.redis_follower_ttl_s)
+        events = tail(self.tail_redis, keys, found.id, after=after, retry_ms=found.retry_ms,
+                      presence=presence, block_s=self.block_s,
+                      timeout_s=self.settings.redis_timeout_s,
+                      retry_after_s=self.settings.retry_after_s, metrics=self.store_metrics,
+                      owner_gone=self._owner_gone)
+        if found.ended or found.owner_replica is None:
+            return events
+        return self._announced(found.id, found.owner_replica, events)
+
+    async def _announced(self, stream_id: str, owner: str,
+                         events: AsyncGenerator[ServerSentEvent, None]
+                         ) -> AsyncIterator[ServerSentEvent]:
+        """Tell the owner a reader attached here (best effort: its grace check
+        finds the reader's presence anyway), so a stream first read on another
+        replica is not cancelled as never attached."""
+        with contextlib.suppress(*STORE_ERRORS):
+            await self.control.send(owner, "attached", stream_id)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+
+    # ---- control -----------------------------------------------------------------------
+    async def cancel(self, found: FoundStream, reason: str) -> dict[str, Any]:
+        stream = self.local(found.id)
+        if stream is not None:
+            stream.cancel(reason)
+            return await self.status(found)
+        keys = stream_keys(KEY_PREFIX, found.id)
+        try:
+            meta = await read_meta(self.redis, keys)
+            if meta is not None and not meta.ended:
+                received = await self.control.send(meta.replica, "cancel", found.id, reason)
+                if received == 0:
+                    await self._end_orphaned(keys, meta, reason)
+                    if self.settings.reattach:
+                        await self._cancel_at_engine(found.id)
+                await self._wait_ended(keys)
+        except STORE_ERRORS as exc:
+            self.store_metrics.read_failures.inc()
+            raise store_unavailable(self.settings.retry_after_s) from exc
+        return await self.status(found)
+
+    async def _cancel_at_engine(self, stream_id: str) -> None:
+        """The owner is gone but its detachable generation may still run (an
+        orphan, for its grace): a DELETE must stop it now."""
+        if self._gateway is None:
+            return
+        try:
+            await self._gateway.engine.cancel(stream_id)
+        except EngineError as exc:
+            log.warning("stream %s: explicit cancel failed (%s); the engine stops it "
+                        "when its orphan grace ends", stream_id, exc.message)
+
+    async def _owner_gone(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                          cursor: int) -> bool:
+        """A reader's check while its stream is quiet: has the owning replica
+        stopped running (its alive key expired) or handed the stream off (a
+        drain)? Then take the stream over and re-attach to the engine's
+        generation; if that cannot be (re-attach off, the engine no longer
+        holds it), end the stream `owner_lost`, so the reader gets a terminal
+        event instead of pings forever. False: the owner is there, or another
+        replica won the stream."""
+        if meta.replica != RELEASED:
+            alive = await self.redis.get(replica_key(KEY_PREFIX, meta.replica))
+            if alive is not None and meta.incarnation in ("", alive):
+                return False  # it runs (a restarted one under its name does not count)
+        if self._gateway is not None and self._gateway.drain.draining:
+            # Taken over here, it would be cancelled (`gateway_shutdown`) when
+            # this replica exits: rolling-deploy lost streams so. Let the reader
+            # move to a replica that stays; that one takes it over.
+            raise ReaderMustMove
+        if not self.settings.reattach or self._gateway is None:
+            await self._end_orphaned(keys, meta, "owner_lost", cursor)
+            return True
+        last_seq = int(await self._claim(
+            keys=[keys.meta, replica_key(KEY_PREFIX, meta.replica)],
+            args=[meta.replica, self.settings.replica_id, meta.incarnation,
+                  self.control.incarnation]))
+        if last_seq < 0:
+            return False  # another replica took it first, or it ended meanwhile
+        try:
+            await self._adopt(stream_id, meta, last_seq)
+        except EngineError as exc:
+            log.warning("stream %s: owner %r lost and its generation cannot be re-attached "
+                        "(%s)", stream_id, meta.replica, exc.message)
+            self.store_metrics.takeovers.labels("owner_lost").inc()
+            await self._end_orphaned(keys, meta, "owner_lost", cursor)
+        return True
+
+    async def _adopt(self, stream_id: str, meta: StreamMeta, last_seq: int) -> None:
+        """Own a stream claimed from a lost replica: re-attach to its generation
+        after the last token the log holds, and continue the log from there.
+
+        Token index i is the log's event i + 1 (a running stream's log holds
+        only tokens), so the log's last sequence number names the token to
+        re-attach after. If the engine no longer buffers that far back (the old
+        owner's last batches never reached Redis, and more than the engine's
+        buffer has been made since), continue from the oldest token it holds:
+        the hole in the sequence numbers is told to readers as `gap`."""
+        assert self._gateway is not None
+        after_index = last_seq - 1 if last_seq > 0 else None
+        lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume")
+        try:
+            await lease.attach(after_index)
+        except EngineError as exc:
+            oldest = OLDEST_HELD.search(exc.message)
+            if exc.code != "out_of_range" or oldest is None:
+                raise
+            after_index = int(oldest.group(1)) - 1
+            lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume")
+            await lease.attach(after_index)
+        policy = StreamPolicy(grace_s=meta.grace_s, ttl_s=meta.ttl_s, retry_ms=meta.retry_ms,
+                              max_events=meta.max_events)
+        after_seq = 0 if after_index is None else after_index + 1
+        stream = self.memory.registry.create(stream_id, lease, policy, self._build, after_seq)
+        assert isinstance(stream, SharedStream)
+        stream.created_unix = meta.created
+        self._start_mirror(stream)
+        self.store_metrics.takeovers.labels("reattached").inc()
+        log.info("stream %s: took over from %r after token %s", stream_id,
+                 meta.replica or "(handed off)", after_index)
+
+    async def _end_orphaned(self, keys: StreamKeys, meta: StreamMeta, reason: str,
+                            after: int = 0) -> None:
+        """Nobody owns it any more (its replica is gone, and its engine call
+        with it): end it in the log, so every reader gets a terminal event."""
+        log.warning("stream %s: owner %s is not listening; ending it in the log",
+                    keys.meta, meta.replica)
+        await self._end_orphan(keys=[keys.events, keys.meta],
+                               args=[json.dumps({"reason": reason}, separators=(",", ":")),
+                                     f"{reason}", meta.max_events, after])
+
+    async def _wait_ended(self, keys: StreamKeys) -> None:
+        """Until the owner has written the end (bounded: the owner may be slow)."""
+        deadline = time.monotonic() + self.settings.redis_timeout_s
+        while time.monotonic() < deadline:
+            meta = await read_meta(self.redis, keys)
+            if meta is None or meta.ended:
+                return
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        await self.memory.close()  # cancels what runs here; the mirrors write the ends
+        await asyncio.gather(*(m.stop(self.settings.redis_timeout_s) for m in self._mirrors),
+                             return_exceptions=True)
+        await self.control.stop()
+        await asyncio.gather(*self._attach_writes, return_exceptions=True)  # each bounded
+        for client in (self.redis, self.tail_redis):
+            with contextlib.suppress(*STORE_ERRORS):
+                await client.aclose()
+

@@ -1,0 +1,150 @@
+"""A replica that does not own a generation reads it from Redis.
+
+    find      HGETALL meta (404 / 410 from it and the `gone` key) and the
+              oldest entry held (XRANGE - + COUNT 1), for the routes' checks
+    tail      `retry:`, then XREAD after Last-Event-ID's sequence number:
+              the replay, and with BLOCK the live tail, until the terminal
+              event (a hole in the sequence numbers is told as `gap`)
+
+Why readers elsewhere count for the owner's grace timer as members of one
+sorted set per stream (`followers`), scored with the time their presence
+expires, rather than a key per replica with a TTL: the owner must ask "is
+anyone reading?" in one command without knowing which replicas exist (a key
+per replica would need SCAN or a registry of replicas), and Redis 7.0's hash
+fields cannot expire on their own. A reader adds itself (ZADD) when it
+attaches and again every time its blocking read returns (at least every
+third of `redis_follower_ttl_s`), and removes itself (ZREM) when it leaves; a
+replica that dies stops refreshing, so its readers stop counting within the
+TTL. The owner counts members whose expiry is in the future (ZCOUNT now
++inf). The scores are the readers' wall clocks, so replicas' clocks must agree
+to well within the TTL (NTP does).
+
+Every call is bounded (the client's socket timeout): with Redis down a resume
+is a 503 before the first byte, and a tail already streaming ends with an SSE
+`error` event (`resume_store_unavailable`); the client reconnects (`retry:`)
+and gets the 503 or, once Redis is back, the events after its Last-Event-ID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+from redis.asyncio import Redis
+from sse_starlette import ServerSentEvent
+
+from services.gateway.errors import GatewayError
+from services.gateway.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
+from services.gateway.redis_log import STORE_ERRORS, StoreMetrics
+from services.gateway.replay_log import event_id
+from services.gateway.resume_store import gap_event
+
+OwnerGone = Callable[[str, StreamKeys, StreamMeta, int], Awaitable[bool]]
+TERMINAL_KINDS = frozenset({"done", "error", "cancelled"})
+READ_BATCH = 512  # events per XREAD: a long replay comes in pieces, not one reply
+
+
+class ReaderMustMove(Exception):
+    """Raised by `owner_gone` when this replica will not take the stream over
+    (it is draining: it would own the stream only to cancel it as it exits).
+    The tail ends without a terminal event, so the reader reconnects after its
+    `retry:` and lands on a replica that stays."""
+
+
+def store_unavailable(retry_after_s: int) -> GatewayError:
+    return GatewayError(503, "resume_store_unavailable",
+                        "the shared resume log (Redis) is unreachable; retry shortly",
+                        headers={"Retry-After": str(retry_after_s)})
+
+
+async def read_meta(redis: Redis, keys: StreamKeys) -> StreamMeta | None:
+    # redis-py types its commands for the sync and async clients at once.
+    raw: dict[str, str] = await redis.hgetall(keys.meta)  # type: ignore[misc]
+    return StreamMeta.from_hash(raw) if raw else None
+
+
+async def first_seq(redis: Redis, keys: StreamKeys, last_seq: int) -> int:
+    oldest = await redis.xrange(keys.events, "-", "+", count=1)
+    return entry_seq(oldest[0][0]) if oldest else last_seq + 1
+
+
+class Presence:
+    """This reader's membership in a stream's `followers` set."""
+
+    def __init__(self, redis: Redis, keys: StreamKeys, replica: str, ttl_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.member = f"{replica}/{uuid.uuid4().hex[:8]}"
+        self._ttl_s = ttl_s
+        self._refreshed = 0.0
+
+    async def refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._refreshed < self._ttl_s / 3:
+            return
+        expires_ms = int((time.time() + self._ttl_s) * 1000)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self._keys.followers, {self.member: expires_ms})
+            # Old members of readers that died: trimmed by whoever reads next.
+            pipe.zremrangebyscore(self._keys.followers, "-inf", int(time.time() * 1000))
+            pipe.pexpire(self._keys.followers, int(self._ttl_s * 1000) * 2, gt=False)
+            await pipe.execute()
+        self._refreshed = now
+
+    async def leave(self, timeout_s: float) -> None:
+        with contextlib.suppress(*STORE_ERRORS):
+            await asyncio.wait_for(self._redis.zrem(self._keys.followers, self.member),
+                                   timeout_s)
+
+
+async def fresh_followers(redis: Redis, keys: StreamKeys) -> int:
+    """Readers on other replicas whose presence has not expired."""
+    return int(await redis.zcount(keys.followers, int(time.time() * 1000), "+inf"))
+
+
+async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, retry_ms: int,
+               presence: Presence, block_s: float, timeout_s: float, retry_after_s: int,
+               metrics: StoreMetrics, owner_gone: OwnerGone
+               ) -> AsyncGenerator[ServerSentEvent, None]:
+    """`owner_gone(stream id, keys, meta, cursor)`: asked while nothing arrives; once
+    the owner has stopped running it takes the stream over (the tail then reads
+    what the new owner writes) or ends it in the log (the tail reads that end)."""
+    yield ServerSentEvent(retry=retry_ms, sep="\n")
+    cursor = after
+    try:
+        await presence.refresh(force=True)
+        while True:
+            answer = await redis.xread({keys.events: entry_id(cursor)}, count=READ_BATCH,
+                                       block=max(1, int(block_s * 1000)))
+            entries = answer[0][1] if answer else []
+            for raw_id, fields in entries:
+                seq = entry_seq(raw_id)
+                if seq > cursor + 1:  # trimmed by MAXLEN, or never written (dropped)
+                    yield gap_event(stream_id, cursor + 1, seq - 1)
+                kind = fields["k"]
+                yield ServerSentEvent(id=event_id(stream_id, seq), event=kind,
+                                      data=fields["d"], sep="\n")
+                cursor = seq
+                if kind in TERMINAL_KINDS:
+                    return
+            await presence.refresh()
+            if not entries:
+                meta = await read_meta(redis, keys)
+                if meta is None:  # its TTL ran out while we waited: nothing more will come
+                    return
+                if meta.ended and cursor >= meta.last_seq:
+                    return  # a client ahead of the log's end (found.ahead): nothing more
+                if not meta.ended:
+                    await owner_gone(stream_id, keys, meta, cursor)
+    except ReaderMustMove:
+        return
+    except STORE_ERRORS:
+        metrics.read_failures.inc()
+        error = store_unavailable(retry_after_s)
+        yield ServerSentEvent(event="error", data=json.dumps(error.body()), sep="\n")
+    finally:
+        await presence.leave(timeout_s)
