@@ -21,6 +21,17 @@ started=$SECONDS
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/streamlab-compose.XXXXXX")
 PROJECT="streamlab-test-$$"
 export STREAMLAB_COMPOSE_PROJECT="$PROJECT" STREAMLAB_IMAGE_TAG="$PROJECT"
+# With STREAMLAB_COMPOSE_REPLICAS=1: 2 gateways, 2 engines and Redis
+# (compose.replicas.yaml, docs/topology.md). The suite is replica-aware: a fault
+# on "the engine hop" goes on every engine hop, engine counters are summed over
+# every engine (the lab fixture learns the replicas from STREAMLAB_COMPOSE_OVERRIDE).
+# CI runs this one (.ci/run); off by default here, so `make test-compose`
+# alone still tries compose.yaml by itself (docs/compose.md, "2×2").
+COMPOSE_FILES=(-f compose.yaml)
+if [ "${STREAMLAB_COMPOSE_REPLICAS:-0}" = 1 ]; then
+  COMPOSE_FILES+=(-f compose.replicas.yaml)
+  export STREAMLAB_COMPOSE_OVERRIDE="compose.replicas.yaml"
+fi
 PODMAN_PID="" HEALTH_PID="" ENGINE="" COMPOSE=() PROJECT_CREATED=""
 
 # ---- teardown: always, whatever failed ------------------------------------------
@@ -36,7 +47,7 @@ teardown() {
     say "taking the compose lab down"
     timeout --foreground 120 "${COMPOSE[@]}" down --volumes --remove-orphans >/dev/null 2>&1
     # The images were tagged for this run only; their layers stay cached.
-    for service in engine gateway toxiproxy nginx client; do
+    for service in engine gateway toxiproxy nginx client redis; do
       image_rm "streamlab-$service:$PROJECT"
     done
   fi
@@ -54,7 +65,7 @@ trap 'exit 130' INT TERM
 if docker compose version >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
   ENGINE=docker
   export STREAMLAB_COMPOSE_COMMAND="docker compose"
-  COMPOSE=(docker compose -f compose.yaml -p "$PROJECT")
+  COMPOSE=(docker compose "${COMPOSE_FILES[@]}" -p "$PROJECT")
   image_rm() { docker image rm "$1" >/dev/null 2>&1; }
 else
   ENGINE=podman
@@ -96,6 +107,9 @@ EOF
   # --- the base images (built once, then cached in podman's storage)
   while IFS='=' read -r name value; do export "$name=$value"; done \
     < <(bash scripts/compose_images.sh)
+  # Redis (compose.replicas.yaml) installs Debian's redis-server on the local
+  # Debian base, as nginx's base does.
+  export REDIS_BASE_IMAGE="$PYTHON_IMAGE"
 
   # --- podman's Docker-compatible API, on a socket of this run's own
   SOCKET="$RUN_DIR/podman.sock"
@@ -112,33 +126,61 @@ EOF
   # systemd here, so compose would wait forever on `service_healthy`.
   # Its own session (setsid), like the API service: a Ctrl-C to this script's
   # process group must not take them down before teardown has used them.
+  # Only containers not yet healthy (`up` waits on nothing else), all at once:
+  # one by one, nine containers' Python checks took ~20 s a round on 2 busy
+  # cores, and the 2x2 lab's chain of dependencies waited that long per link.
   PROJECT="$PROJECT" setsid bash -c '
     while true; do
       for id in $(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" \
-                    --filter status=running 2>/dev/null); do
-        podman healthcheck run "$id" >/dev/null 2>&1 || true
+                    --filter status=running --filter health=starting 2>/dev/null) \
+                $(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" \
+                    --filter status=running --filter health=unhealthy 2>/dev/null); do
+        podman healthcheck run "$id" >/dev/null 2>&1 &
       done
-      sleep 2
+      wait
+      sleep 1
     done' &
   HEALTH_PID=$!
 
   export STREAMLAB_COMPOSE_COMMAND="docker-compose"
-  COMPOSE=(docker-compose -f compose.yaml -p "$PROJECT")
+  COMPOSE=(docker-compose "${COMPOSE_FILES[@]}" -p "$PROJECT")
   # Through the compat API, builds are named like Docker does (docker.io/library/...).
   # --no-prune keeps the untagged parent layers: the next build starts from them.
   image_rm() { podman rmi --no-prune "$1" >/dev/null 2>&1; }
 fi
 
 # ---- free host ports; the suite's service settings ------------------------------------
+# The replicas' published ports follow topology.py's rule, BASE + (k-1) * step,
+# which the tools use to find them: with a step of 1 here, a replicated
+# listener's base port is one whose next port is free too, and compose gets
+# both (compose.replicas.yaml's STREAMLAB_<NAME>_2_PORT).
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
 names = ["EDGE", "EDGE_H2", "NGINX", "NGINX_H2", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API",
-         "GATEWAY", "ENGINE"]
-socks = [socket.socket() for _ in names]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-for name, s in zip(names, socks):
-    print(f"STREAMLAB_{name}_PORT={s.getsockname()[1]}")
+         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY"]
+replicated = ["GATEWAY", "ENGINE", "ENGINE_METRICS"]
+held = []
+
+def bind(port=0):
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    held.append(s)
+    return s.getsockname()[1]
+
+print("STREAMLAB_REPLICA_PORT_STEP=1")
+for name in names:
+    print(f"STREAMLAB_{name}_PORT={bind()}")
+for name in replicated:
+    for _ in range(50):
+        base = bind()
+        try:
+            bind(base + 1)
+        except OSError:
+            continue
+        break
+    else:
+        raise SystemExit(f"no free pair of ports for {name}")
+    print(f"STREAMLAB_{name}_PORT={base}\nSTREAMLAB_{name}_2_PORT={base + 1}")
 EOF
 while IFS='=' read -r name value; do export "$name=$value"; done <"$RUN_DIR/ports.env"
 # The settings the local-lab fixture gives engine and gateway (one definition,
@@ -176,5 +218,5 @@ fi
 export STREAMLAB_TARGET=compose
 .venv/bin/streamlab status
 t0=$SECONDS
-.venv/bin/pytest tests/integration -p no:cacheprovider "$@"
+.venv/bin/pytest tests/integration -p no:cacheprovider --durations=30 "$@"
 say "integration suite against compose in $((SECONDS - t0)) s"

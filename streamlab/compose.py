@@ -19,14 +19,15 @@ import subprocess
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from dotenv import dotenv_values
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab import processes
 from streamlab.compose_config import TLS_DIR
-from streamlab.endpoints import ORDER, Endpoints
+from streamlab.endpoints import REDIS, Endpoints
 from streamlab.lab import LabOptions
-from streamlab.topology import REPO_ROOT, Ports
+from streamlab.topology import REPO_ROOT, Ports, Replicas, split_replica
 
 Target = Literal["local", "compose"]
 COMPOSE_CALL_TIMEOUT_S = 60.0
@@ -52,10 +53,14 @@ class ComposeSettings(BaseSettings):
     # Project name (-p); empty means compose's own default (the directory name).
     project: str = ""
     file: Path = REPO_ROOT / "compose.yaml"
+    # A second file layered on it: compose.replicas.yaml runs 2 gateways, 2
+    # engines and Redis (docs/topology.md); CI's compose lab does.
+    override: Path | None = None
 
     def argv(self, *args: str) -> list[str]:
         project = ["-p", self.project] if self.project else []
-        return [*shlex.split(self.command), "-f", str(self.file), *project, *args]
+        override = ["-f", str(self.override)] if self.override else []
+        return [*shlex.split(self.command), "-f", str(self.file), *override, *project, *args]
 
 
 def selected_target() -> Target:
@@ -82,9 +87,29 @@ def service_env_file(service: str) -> Path:
     return REPO_ROOT / name
 
 
+def compose_replicas(settings: ComposeSettings) -> Replicas:
+    """How many gateways and engines the project runs, and whether Redis does,
+    from the service names of its compose files (`gateway`, `gateway-2`, …;
+    engine-gpu and the like are other services). The published port of
+    replica k follows topology.py's rule (compose.replicas.yaml's defaults)."""
+    names: set[str] = set()
+    for path in (settings.file, settings.override):
+        if path is not None:
+            full = path if path.is_absolute() else REPO_ROOT / path
+            names |= set((yaml.safe_load(full.read_text()) or {}).get("services") or {})
+    counts = {"gateway": 0, "engine": 0}
+    for name in names:
+        base, _ = split_replica(name)  # engine-gpu is no replica: ("engine-gpu", 1)
+        if base in counts:
+            counts[base] += 1
+    return Replicas(gateways=max(counts["gateway"], 1), engines=max(counts["engine"], 1),
+                    redis=REDIS in names)
+
+
 class ComposeLab(Endpoints):
     def __init__(self, ports: Ports, settings: ComposeSettings | None = None) -> None:
-        super().__init__(ports)
+        settings = settings or ComposeSettings()
+        super().__init__(ports, compose_replicas(settings))
         # The services' settings, read from the env files compose gives them, so
         # scenarios size their bounds (keepalives, ...) as for a local lab.
         self.options = LabOptions(
@@ -92,7 +117,7 @@ class ComposeLab(Endpoints):
             engine_env=read_env_file(service_env_file("engine")),
             gateway_env=read_env_file(service_env_file("gateway")))
         self.run_dir = self.options.run_dir
-        self.settings = settings or ComposeSettings()
+        self.settings = settings
 
     @property
     def tls_dir(self) -> Path:
@@ -143,5 +168,5 @@ class ComposeLab(Endpoints):
     def _log_hint(self) -> str:
         project = f" -p {self.settings.project}" if self.settings.project else ""
         return (f"is the compose project up? See `{self.settings.command}{project} ps` "
-                f"and `... logs` (services: {', '.join(ORDER)})")
+                f"and `... logs` (services: {', '.join(self.order())})")
 

@@ -25,8 +25,10 @@ PORT_KEYS = {
     "STREAMLAB_UPSTREAM_PORT": "upstream_port",
     "STREAMLAB_ENGINE_PROXY_PORT": "engine_proxy_port",
     "STREAMLAB_TOXIPROXY_API_PORT": "toxiproxy_api_port",
+    "STREAMLAB_TOXIPROXY_BACKEND_API_PORT": "toxiproxy_backend_api_port",
     "STREAMLAB_GATEWAY_PORT": "gateway_port",
     "STREAMLAB_ENGINE_PORT": "engine_port",
+    "STREAMLAB_ENGINE_METRICS_PORT": "engine_metrics_port",
     "STREAMLAB_CONSOLE_PORT": "console_port",
 }
 
@@ -51,6 +53,10 @@ def test_drift_is_reported_with_the_file_and_the_fix() -> None:
 def test_each_hop_points_at_the_service_behind_it() -> None:
     ports = compose_config.container_ports()
     specs = {s.name: s for s in compose_config.toxiproxy_specs(ports)}
+    served = {process: {s.name for s in compose_config.toxiproxy_specs(ports, process=process)}
+              for process in compose_config.TOXIPROXY_CONFIGS}
+    assert served == {"toxiproxy": {"edge", "edge-h2"},
+                      "toxiproxy-backend": {"upstream", "engine"}}
     assert specs["edge"].upstream == f"nginx:{ports.nginx_port}"
     assert specs["edge-h2"].upstream == f"nginx:{ports.nginx_h2_port}"
     assert specs["upstream"].upstream == f"gateway:{ports.gateway_port}"
@@ -62,7 +68,7 @@ def test_each_hop_points_at_the_service_behind_it() -> None:
 def test_nginx_reaches_the_gateway_through_toxiproxy() -> None:
     ports = compose_config.container_ports()
     text = compose_config.nginx_config(ports)
-    assert f"server toxiproxy:{ports.upstream_port};" in text
+    assert f"server toxiproxy-backend:{ports.upstream_port};" in text
     assert f"listen 0.0.0.0:{ports.nginx_port} sndbuf=32k;" in text
     assert "{{" not in text
 
@@ -99,7 +105,7 @@ def test_every_service_is_checked_ordered_and_has_an_init(services: dict[str, An
 def test_gateway_calls_the_engine_through_the_engine_hop(services: dict[str, Any]) -> None:
     ports = compose_config.container_ports()
     target = services["gateway"]["environment"]["STREAMLAB_GATEWAY_ENGINE_TARGET"]
-    assert target == f"toxiproxy:{ports.engine_proxy_port}"
+    assert target == f"toxiproxy-backend:{ports.engine_proxy_port}"
 
 
 def test_compose_argv_names_file_and_project() -> None:
@@ -132,3 +138,46 @@ def test_nginx_mounts_the_tls_dir_and_both_edges_are_published(services: dict[st
     assert any(v.endswith(":/etc/streamlab/tls:ro") for v in services["nginx"]["volumes"])
     published = " ".join(services["toxiproxy"]["ports"])
     assert "STREAMLAB_EDGE_H2_PORT" in published
+
+
+# ---- the replicas' compose lab (compose.replicas.yaml) ---------------------------------
+def test_replicas_override_adds_second_replicas_and_redis_checked_with_an_init() -> None:
+    override = yaml.safe_load(compose_config.REPLICAS_COMPOSE.read_text())["services"]
+    for name in ("gateway-2", "engine-2", "redis"):
+        service = override[name]
+        assert service["init"] is True, name
+        assert service["healthcheck"]["test"], name
+    ports = compose_config.container_ports()
+    # Each replica published at its replica port (topology.py's rule), a variable of its own.
+    step = ports.replica_port_step
+    assert override["engine-2"]["ports"] == [
+        f"${{STREAMLAB_HOST:-127.0.0.1}}:${{STREAMLAB_ENGINE_2_PORT:-{ports.engine_port + step}}}"
+        f":{ports.engine_port}",
+        f"${{STREAMLAB_HOST:-127.0.0.1}}:${{STREAMLAB_ENGINE_METRICS_2_PORT:-"
+        f"{ports.engine_metrics_port + step}}}:{ports.engine_metrics_port}"]
+    assert override["gateway-2"]["ports"] == [
+        f"${{STREAMLAB_HOST:-127.0.0.1}}:${{STREAMLAB_GATEWAY_2_PORT:-{ports.gateway_port + step}}}"
+        f":{ports.gateway_port}"]
+    gateway_env = override["gateway-2"]["environment"]
+    # The same wiring, each with its own job tag (nginx routes a job's polls by it).
+    assert override["gateway"]["environment"].pop("STREAMLAB_GATEWAY_JOB_ROUTE") == "g1"
+    assert gateway_env["STREAMLAB_GATEWAY_JOB_ROUTE"] == "g2"
+    assert gateway_env == {**gateway_env, **override["gateway"]["environment"]}
+    assert gateway_env["STREAMLAB_GATEWAY_ENGINE_TARGET"] == (
+        f"toxiproxy-backend:{ports.engine_proxy_port},"
+        f"toxiproxy-backend:{ports.engine_proxy_port + ports.replica_port_step}")
+    assert gateway_env["STREAMLAB_GATEWAY_REDIS_URL"] == (
+        f"redis://toxiproxy-backend:{ports.store_proxy_port}/0")
+
+
+def test_each_replica_hop_leads_to_its_own_container_on_the_base_port() -> None:
+    ports = compose_config.container_ports()
+    specs = {s.name: s.upstream for s in
+             compose_config.toxiproxy_specs(ports, compose_config.COMPOSE_REPLICAS)}
+    assert specs["upstream-2"] == f"gateway-2:{ports.gateway_port}"
+    assert specs["engine-2"] == f"engine-2:{ports.engine_port}"
+    assert specs["store"] == f"redis:{ports.redis_port}"
+    nginx_conf = compose_config.NGINX_REPLICAS_CONFIG.read_text()
+    step = ports.replica_port_step
+    assert (f"least_conn;\n    server toxiproxy-backend:{ports.upstream_port} max_fails=0;\n"
+            f"    server toxiproxy-backend:{ports.upstream_port + step} max_fails=0;") in nginx_conf

@@ -153,18 +153,19 @@ def test_vllm_engine_is_an_openai_client_of_the_vllm_server(
 def test_the_hops_repoint_the_toxiproxy_engine_proxy_through_its_api() -> None:
     services = render(PROFILES)
     proxies = {p["name"] for p in json.loads(
-        (REPO_ROOT / "proxies" / "toxiproxy" / "compose.json").read_text())}
-    api_port = re.search(r"-port=(\d+)", (REPO_ROOT / "proxies" / "toxiproxy" / "Dockerfile")
-                         .read_text())
+        (REPO_ROOT / "proxies" / "toxiproxy" / "compose-backend.json").read_text())}
+    api_port = re.search(r"-port=(\d+)", " ".join(render(PROFILES)["toxiproxy-backend"]
+                                                   ["command"]))
     assert api_port
     for hop in ("gpu-hop", "vllm-hop"):
         script = services[hop]["entrypoint"][2]
-        url = re.search(r'"http://toxiproxy:(\d+)/proxies/([\w-]+)"', script)
+        url = re.search(r'"http://toxiproxy-backend:(\d+)/proxies/([\w-]+)"', script)
         assert url, script
         assert url.group(1) == api_port.group(1)
         assert url.group(2) == "engine"
         assert url.group(2) in proxies
-        assert services[hop]["depends_on"]["toxiproxy"] == {"condition": "service_healthy"}
+        assert services[hop]["depends_on"]["toxiproxy-backend"] == {
+            "condition": "service_healthy"}
         compile(script, hop, "exec")  # the one-liner is Python
 
 
