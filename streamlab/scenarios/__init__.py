@@ -8,6 +8,10 @@
     engine_faults.py scenarios of the gRPC hop failing mid-stream
     seventh_tab.py   seven browser tabs over HTTP/1.1 and HTTP/2 (a real chromium)
     h2_shared_fate.py one cut on an HTTP/2 connection hits every stream; resume
+    rolling_deploy.py restart 3 gateways one at a time under 200 resumable streams
+    replica_loss.py  SIGKILL the gateway that owns a generation, mid-stream
+    replica_lab.py   a private lab with replicas, up and down around one run
+    resuming_readers.py  cheap EventSource-like readers, hundreds at once
     runner.py        run(lab, scenario, mode, timing) -> Outcome, with a verdict
 
 The time constants are streamlab/timing.py's Timing; a lab is any LabTarget.

@@ -10,8 +10,12 @@ from streamlab.scenarios.h2_shared_fate import H2_SHARED_FATE
 from streamlab.scenarios.lifecycle import LIFECYCLE
 from streamlab.scenarios.measures import sliced_reads, sse_stream, websocket_chat
 from streamlab.scenarios.model import Check, Scenario, Setup, Variant
+from streamlab.scenarios.reconnect_storm import RECONNECT_STORM
+from streamlab.scenarios.replica_loss import REPLICA_LOSS
 from streamlab.scenarios.resume import RESUME
+from streamlab.scenarios.rolling_deploy import ROLLING_DEPLOY
 from streamlab.scenarios.seventh_tab import SEVENTH_TAB
+from streamlab.scenarios.store_faults import STORE_FAULTS
 from streamlab.timing import Timing
 from streamlab.toxiproxy import Toxic
 
@@ -209,4 +213,8 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
     *ENGINE_FAULTS,
     SEVENTH_TAB,
     H2_SHARED_FATE,
+    RECONNECT_STORM,
+    STORE_FAULTS,
+    ROLLING_DEPLOY,
+    REPLICA_LOSS,
 )}

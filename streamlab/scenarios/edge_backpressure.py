@@ -37,7 +37,14 @@ from services.engine.settings import EngineSettings
 from streamlab import socket_queues
 from streamlab.generation_end import state_name
 from streamlab.scenarios.lifecycle import record_when_done
-from streamlab.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.scenarios.model import (
+    Check,
+    Figures,
+    Scenario,
+    ScenarioUnavailable,
+    Setup,
+    Variant,
+)
 from streamlab.target import LabTarget
 from streamlab.timing import Timing
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -46,9 +53,11 @@ from streamlab_protocol.engine.v1 import engine_pb2 as pb
 PAUSED_AFTER_S = 1.0
 # What the hops in front of nginx (the client's 4 KB, the edge Toxiproxy's
 # socket buffers and chunks, nginx's 32 KB send buffer) take of a stalled
-# stream before nginx waits on a write: measured ~2,800 tokens (~700 KB; the
-# edge's receive buffer is autotuned and Toxiproxy sets none).
-EDGE_HOLDS_TOKENS = 3000
+# stream before nginx waits on a write: measured ~2,800 tokens (~700 KB) at a
+# 1 ms pace, ~4,500 (966 KB) at 5 ms on a default lab (30 s send timeout),
+# where the fixed mode missed a 3,000-token bound by 7.8 s: the edge's
+# buffers are autotuned (Toxiproxy sets none) and grow the longer it runs.
+EDGE_HOLDS_TOKENS = 5000
 # nginx's timer, and the close crossing the upstream hop to the gateway and the
 # cancel reaching the engine (measured 0.3-0.4 s past the fill + the timeout).
 CUT_SLACK_S = 1.0
@@ -70,7 +79,16 @@ class Flood:
     @classmethod
     def for_lab(cls, lab: LabTarget) -> Flood:
         engine = EngineSettings(**_fields(lab.options.engine_env, "STREAMLAB_ENGINE_"))
-        tokens = min(MAX_FLOOD_TOKENS, engine.max_tokens_limit)
+        if engine.max_tokens_limit < MAX_FLOOD_TOKENS:
+            # At 4,096 (the default once) the edge alone can hold the whole answer
+            # (measured 837 KiB of 870): both modes would "complete" and the
+            # fixed one fail for the lab's size, not nginx's settings.
+            raise ScenarioUnavailable(
+                f"needs {MAX_FLOOD_TOKENS}-token answers to outlast what the hops in front "
+                f"of nginx hold (~1 MB); this engine's max_tokens_limit is "
+                f"{engine.max_tokens_limit}: start the lab with "
+                f"STREAMLAB_ENGINE_MAX_TOKENS_LIMIT={MAX_FLOOD_TOKENS}")
+        tokens = MAX_FLOOD_TOKENS
         timeout = lab.options.nginx.send_timeout_s
         gap_ms = max(1, math.ceil(2000 * timeout / max(1, tokens - EDGE_HOLDS_TOKENS)))
         return cls(tokens, gap_ms, timeout)

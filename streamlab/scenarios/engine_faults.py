@@ -68,13 +68,16 @@ FAULTS: dict[str, Callable[[LabTarget], None]] = {
 
 def _add_toxic(lab: LabTarget, *toxics: Toxic) -> None:
     with lab.toxiproxy() as toxiproxy:
-        for toxic in toxics:
-            toxiproxy.add_toxic("engine", toxic)
+        # Every engine hop: with replicas, a stream may go through any of them.
+        for hop in lab.hops_of("engine"):
+            for toxic in toxics:
+                toxiproxy.add_toxic(hop, toxic)
 
 
 def _set_enabled(lab: LabTarget, enabled: bool) -> None:
     with lab.toxiproxy() as toxiproxy:
-        toxiproxy.set_enabled("engine", enabled)
+        for hop in lab.hops_of("engine"):
+            toxiproxy.set_enabled(hop, enabled)
 
 
 async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:

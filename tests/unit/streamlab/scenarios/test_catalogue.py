@@ -15,8 +15,8 @@ HOPS = {"edge", "upstream", "engine"}
 
 def test_catalogue_has_the_issues_scenarios() -> None:
     assert {"buffering", "idle-cut", "client-watchdog", "websocket-upgrade", "slicer",
-            "latency-edge", "latency-upstream", "latency-engine",
-            "bandwidth"} <= set(CATALOGUE)
+    "latency-edge", "latency-upstream", "latency-engine",
+    "bandwidth"} <= set(CATALOGUE)
 
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
@@ -53,3 +53,43 @@ def test_buffering_checks_tell_a_lump_from_a_stream() -> None:
     assert not all(r.holds for r in judge(scenario.fixed.expect, lump, TIMING))
     assert all(r.holds for r in judge(scenario.fixed.expect, stream, TIMING))
     assert not all(r.holds for r in judge(scenario.broken.expect, stream, TIMING))
+
+
+# Figures from real runs (tests/integration/test_scenarios.py's scale, 2 loaded cores).
+ROLLING_BROKEN: dict[str, Figure] = {
+    "streams": 30, "streams_lost": 30, "tokens_lost": 4579,
+    "tokens_duplicated": 0, "readers_reconnected": 0, "resume_404s": 20,
+    "gateways_restarted": 3, "live_at_last_restart": 5}
+ROLLING_FIXED: dict[str, Figure] = {
+    "streams": 150, "streams_lost": 0, "tokens_lost": 0, "tokens_duplicated": 0,
+    "readers_reconnected": 35, "resume_404s": 0, "gateways_restarted": 3,
+    "live_at_last_restart": 30}
+LOSS_BROKEN: dict[str, Figure] = {
+    "streams": 6, "tokens_at_kill": 10, "streams_whole": 0, "streams_lost": 6,
+    "tokens_lost": 516, "tokens_duplicated": 0, "end_reasons": "owner_lost 6",
+    "engine_generations_started": 6, "engine_generations_reattached": 0}
+LOSS_FIXED: dict[str, Figure] = {
+    "streams": 6, "tokens_at_kill": 10, "streams_whole": 6, "streams_lost": 0,
+    "tokens_lost": 0, "tokens_duplicated": 0, "end_reasons": "done",
+    "engine_generations_started": 6, "engine_generations_reattached": 6}
+
+
+@pytest.mark.parametrize(("name", "broken", "fixed"), [
+    ("rolling-deploy", ROLLING_BROKEN, ROLLING_FIXED),
+    ("replica-loss", LOSS_BROKEN, LOSS_FIXED),
+])
+def test_replica_scenarios_checks_tell_the_modes_apart(
+        name: str, broken: dict[str, Figure], fixed: dict[str, Figure]) -> None:
+    scenario = CATALOGUE[name]
+    assert all(r.holds for r in judge(scenario.broken.expect, broken, TIMING))
+    assert not all(r.holds for r in judge(scenario.fixed.expect, broken, TIMING))
+    assert all(r.holds for r in judge(scenario.fixed.expect, fixed, TIMING))
+    assert not all(r.holds for r in judge(scenario.broken.expect, fixed, TIMING))
+
+
+def test_a_duplicated_token_fails_the_fixed_replica_checks() -> None:
+    """Exactly once, not at least once: a re-attach that replays a token it
+    already logged must fail the fixed mode."""
+    for name, fixed in (("rolling-deploy", ROLLING_FIXED), ("replica-loss", LOSS_FIXED)):
+        twice = {**fixed, "tokens_duplicated": 1}
+        assert not all(r.holds for r in judge(CATALOGUE[name].fixed.expect, twice, TIMING))
