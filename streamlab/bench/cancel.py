@@ -23,6 +23,8 @@ from services.client.openai_stream import chat_body, stream_chat
 from streamlab.generation_end import wait_for_end
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
+BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
+
 
 @dataclass
 class AbandonReport:
@@ -32,6 +34,8 @@ class AbandonReport:
     latencies_ms: list[float] = field(default_factory=list)
     tokens_after_cancel: int = 0
     tokens_after_leaving: int = 0
+    # With `background`: the streams that ran meanwhile (load.LoadResult.as_json).
+    background: dict[str, object] | None = None
 
     def percentile(self, q: float) -> float:
         if not self.latencies_ms:
@@ -48,7 +52,7 @@ class AbandonReport:
         """Every stream's cancel reached the engine, and nothing runs on."""
         return self.still_running == 0 and self.cancelled == self.streams
 
-    def figures(self) -> dict[str, int | float]:
+    def figures(self) -> dict[str, object]:
         return {
             "streams": self.streams, "cancelled": self.cancelled,
             "still_running": self.still_running,
@@ -57,6 +61,10 @@ class AbandonReport:
             "cancel_latency_max_ms": round(max(self.latencies_ms, default=float("nan")), 1),
             "tokens_after_cancel": self.tokens_after_cancel,
             "tokens_after_client_left": self.tokens_after_leaving,
+            **({"background_streams": self.background["streams"],
+                "background_completed": self.background["completed"],
+                "background_errors": self.background["errors"]}
+               if self.background is not None else {}),
         }
 
 
@@ -104,4 +112,38 @@ async def abandon_streams(
             report.latencies_ms.append((record.cancelled_at - left_at) * 1000)
         report.tokens_after_cancel += record.tokens_after_cancel
         report.tokens_after_leaving += max(0, record.tokens_generated - left[rid][1])
+    return report
+
+
+async def abandon_under_load(
+    url: str,
+    stats: Callable[[str], pb.GetStatsResponse],
+    host: str,
+    port: int,
+    background: int,
+    streams: int = 200,
+    concurrency: int = 20,
+    gap_ms: int = 20,
+    progress: Callable[[], None] | None = None,
+) -> AbandonReport:
+    """abandon_streams while `background` other streams run through the same chain
+    (issue 15's P5: cancel latency with 1,000 streams running). The background
+    streams are slow (a token a second, the raw-socket load generator: it costs
+    the machine little beyond what the chain spends on them), all open before
+    the first stream is abandoned, and last past the last one."""
+    from streamlab.bench.load import run_load
+
+    ramp_s = min(10.0, max(2.0, background / 200))
+    # Long enough for the ramp, the abandoned streams (generously: a loaded
+    # machine), and the wait for their records.
+    answer_tokens = int(ramp_s + 30 + streams * 0.5 / concurrency) + 1
+    body = chat_body("background", max_tokens=answer_tokens, prefill_ms=0,
+                     token_gap_ms=BACKGROUND_GAP_MS, answer_tokens=answer_tokens)
+    load = asyncio.create_task(run_load(
+        host, port, "/v1/chat/completions", body, streams=background, ramp_s=ramp_s,
+        timeout_s=ramp_s + answer_tokens * 3 + 60))
+    await asyncio.sleep(ramp_s + 1.0)  # every background stream open (the ramp, then a second)
+    report = await abandon_streams(url, stats, streams=streams, concurrency=concurrency,
+                                   gap_ms=gap_ms, progress=progress)
+    report.background = (await load).as_json()
     return report

@@ -96,7 +96,7 @@ def plot_slow_readers(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-SCALE_PROCESSES = ("engine", "toxiproxy", "gateway", "nginx", "client")
+SCALE_PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx", "client")
 SCALE_COLOURS = {"batched": "#1f77b4", "per_stream": "#d62728"}
 
 
@@ -135,6 +135,31 @@ def plot_scale(report: dict[str, Any], path: Path) -> None:
     cpu.set(ylabel="µs of CPU per token", title="Where a token's CPU goes (per process)")
     cpu.tick_params(axis="x", labelsize=7)
     cpu.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_slow(cell: dict[str, Any], path: Path) -> None:
+    """Render cell c) of `bench scale`: open files per process at the peak against
+    the per-process limit (left), heartbeat lateness quantiles against P4's 1 s (right)."""
+    fig, (files, late) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    names = list(cell["peak_fds"])
+    files.bar(names, [cell["peak_fds"][n] for n in names], color=LANE_COLOURS[1])
+    files.axhline(20_000, color="#d62728", linewidth=1, linestyle="--",
+                  label="20,000: open-file limit per process here")
+    files.set(ylabel="open file descriptors (peak)",
+              title=f"{cell['completed']}/{cell['streams']} slow streams complete · gateway "
+                    f"{cell['gateway_kib_per_stream']} KiB RSS per stream")
+    files.tick_params(axis="x", labelsize=8)
+    files.legend(fontsize=8)
+    quantiles = cell.get("heartbeat_late_ms") or {}
+    late.bar(list(quantiles), list(quantiles.values()), color=LANE_COLOURS[2])
+    late.axhline(cell["targets"]["heartbeat_late_p99_ms"], color="#d62728", linewidth=1,
+                 linestyle="--", label="P4: p99 <= 1 s")
+    late.set(ylabel="ms late", title=f"Heartbeat lateness ({cell.get('heartbeats', 0)} "
+                                     f"heartbeats, every {cell['heartbeat_s']:g} s)")
+    late.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,8 +9,10 @@ and where each token's CPU goes.
                  interleaved N by N so that load from elsewhere lands on both
     b) CPU       µs of CPU per token for each process on the path, read from
                  /proc/PID/task/*/schedstat around each cell: the client (this
-                 process: the raw-socket load generator), Toxiproxy (one process
-                 for the three hops), nginx (master and workers), gateway, engine
+                 process: the raw-socket load generator), Toxiproxy (two processes:
+                 "toxiproxy" with the edge hops, "toxiproxy-backend" with upstream
+                 and engine), nginx (master and workers), gateway, engine
+    c) slow      5,000 slow streams at once (streamlab/bench/scale_slow.py)
 
 The clock is the engine's setting (STREAMLAB_FAKE_CLOCK), so the bench restarts
 the engine to switch it, and raises the engine's and gateway's stream caps to
@@ -42,7 +44,7 @@ CLOCKS = ("batched", "per_stream")
 TARGET_ICL_P99_MS = 30.0
 TARGET_ICL_P50_MS = (19.0, 21.0)
 # Processes on the path, in the order a token crosses them (client last).
-PROCESSES = ("engine", "toxiproxy", "gateway", "nginx", "client")
+PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx", "client")
 
 
 class ProcessTreeMeter:

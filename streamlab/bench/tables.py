@@ -108,7 +108,8 @@ def plain_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> 
 
 
 SCALE_COLUMNS = ("clock", "streams", "ok", "batch", "ICL p50", "p90", "p99", "TTFT p99", "load",
-                 "µs/token: engine", "toxiproxy", "gateway", "nginx", "client", "total")
+                 "µs/token: engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx",
+                 "client", "total")
 
 
 def scale_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -127,6 +128,34 @@ def scale_rows(report: dict[str, Any]) -> list[list[str]]:
                      str(icl.get("p50", "-")), str(icl.get("p90", "-")),
                      str(icl.get("p99", "-")), str(ttft.get("p99", "-")),
                      f"{cell['loadavg'][0]:.1f}", us("engine"), us("toxiproxy"),
-                     us("gateway"), us("nginx"), us("client"),
+                     us("toxiproxy-backend"), us("gateway"), us("nginx"), us("client"),
                      f"{sum(known):.0f}" if known else "-"])
+    return rows
+
+
+SLOW_COLUMNS = ("measure", "value", "P4 target")
+
+
+def slow_rows(cell: dict[str, Any]) -> list[list[str]]:
+    """Cell c) of `bench scale`: one row per figure."""
+    late = cell.get("heartbeat_late_ms") or {}
+    rows = [["streams complete", f"{cell['completed']}/{cell['streams']}", "all"],
+            ["failures", ", ".join(f"{k}: {v}" for k, v in cell["errors"].items()) or "none",
+             ""],
+            ["most streams the gateway held at once", str(cell.get("gateway_streams_held", "-")),
+             ""],
+            ["gateway RSS per stream held (KiB)", str(cell["gateway_kib_per_stream"]), "<= 30"],
+            ["gateway RSS before / peak (MiB)",
+             f"{cell['gateway_rss_before_mib']} / {cell['gateway_rss_peak_mib']}", ""],
+            ["heartbeat lateness p50 / p90 / p99 (ms)",
+             " / ".join(str(late.get(q, "-")) for q in ("p50", "p90", "p99")), "p99 <= 1000"],
+            ["inter-chunk p50 / p99 (ms)",
+             f"{cell['icl_ms'].get('p50', '-')} / {cell['icl_ms'].get('p99', '-')}", ""],
+            ["TTFT p50 / p99 (ms)",
+             f"{cell['ttft_ms'].get('p50', '-')} / {cell['ttft_ms'].get('p99', '-')}", ""],
+            ["load average (1 min)", f"{cell['loadavg'][0]:.1f}", ""]]
+    rows += [[f"open files at peak: {name}", str(n), "< 20,000"]
+             for name, n in cell["peak_fds"].items()]
+    rows += [[f"µs CPU per token: {name}", "-" if us is None else f"{us:.0f}", ""]
+             for name, us in cell["us_per_token"].items()]
     return rows

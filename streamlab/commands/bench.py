@@ -149,7 +149,7 @@ def slow_readers(
     clients: Annotated[int, typer.Option(min=1, help="Silent readers at once (mind the "
                                                      "gateway's per-client cap).")] = 50,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens each answer asks for (the "
-                                                    "engine's limit is 4096 by default).")
+                                                    "engine's limit is 16384 by default).")
                       ] = 4000,
     timeout_s: Annotated[float, typer.Option(min=1, help="Give up on a relay after this "
                                                          "long.")] = 240.0,
@@ -202,22 +202,45 @@ def cancel(
     concurrency: Annotated[int, typer.Option(help="Streams open at once.")] = 20,
     gap_ms: Annotated[int, typer.Option(help="Fake model gap between tokens.")] = 20,
     location: Annotated[str, typer.Option(help="nginx location to go through.")] = "/",
+    background: Annotated[int, typer.Option(min=0, help=(
+        "Other streams running meanwhile through the edge (a token a second; the "
+        "caps are raised for them and put back after)."))] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Open streams through the edge, leave each after 1-8 tokens, and report how
     fast the engine saw each cancel (p50/p99) and how many tokens it wasted.
-    Exits 1 unless every stream was cancelled and none is left running."""
+    Exits 1 unless every stream was cancelled and none is left running (and,
+    with --background, every background stream completed)."""
+    import contextlib
+
     from rich.table import Table
 
-    from streamlab.bench.cancel import abandon_streams
+    from streamlab.bench.cancel import abandon_streams, abandon_under_load
+    from streamlab.bench.scale import lab_settings
 
     lab = attached(run_dir)
+    if background and lab.pids is None:
+        err.print("[red]--background raises the caps by restarting the engine and the "
+                  "gateway: local labs only (`streamlab up`).[/]")
+        raise typer.Exit(2)
     url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
-    with _progress() as progress:
-        task = progress.add_task("abandoning streams", total=streams)
-        report = asyncio.run(abandon_streams(
-            url, lab.engine_stats, streams=streams, concurrency=concurrency, gap_ms=gap_ms,
-            progress=lambda: progress.advance(task)))
+    with contextlib.ExitStack() as stack:
+        if background:  # caps raised for them (the engine restarted on its own clock)
+            use_clock = stack.enter_context(lab_settings(lab, background + concurrency))
+            use_clock(lab.options.engine_env.get("STREAMLAB_FAKE_CLOCK", "batched"))
+        progress = stack.enter_context(_progress())
+        task = progress.add_task(
+            f"abandoning streams{f' beside {background} running' if background else ''}",
+            total=streams)
+        if background:
+            report = asyncio.run(abandon_under_load(
+                url, lab.engine_stats, lab.ports.host, lab.ports.edge_port, background,
+                streams=streams, concurrency=concurrency, gap_ms=gap_ms,
+                progress=lambda: progress.advance(task)))
+        else:
+            report = asyncio.run(abandon_streams(
+                url, lab.engine_stats, streams=streams, concurrency=concurrency, gap_ms=gap_ms,
+                progress=lambda: progress.advance(task)))
     figures = report.figures()
     if as_json:
         print(json.dumps(figures, indent=2))
@@ -226,7 +249,8 @@ def cancel(
         for key, value in figures.items():
             table.add_row(key.replace("_", " "), str(value))
         console.print(table)
-    if not report.passed:
+    if not report.passed or (report.background is not None
+                             and report.background["completed"] != background):
         raise typer.Exit(1)
 
 
@@ -289,11 +313,20 @@ def scale(
                                             "nginx or gateway.")] = "edge",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write the cadence and CPU PNG here (a "
-                                                   "directory: scale.png inside it).")
+                                                   "directory: scale.png inside it; cell c: "
+                                                   "scale-slow.png beside it).")
                     ] = None,
+    slow_streams: Annotated[int, typer.Option(min=0, help="Cell c: slow streams at once "
+                                                          "(1 token/s, heartbeat every 5 s); "
+                                                          "0 skips the cell.")] = 5000,
+    slow_tokens: Annotated[int, typer.Option(min=2, help="Cell c: tokens per slow stream "
+                                                         "(one a second).")] = 20,
+    skip_cadence: Annotated[bool, typer.Option(help="Run only cell c.")] = False,
 ) -> None:
     """N paced streams through the full chain: inter-chunk p50/p99 and TTFT p99 as N grows,
-    the engine's batched clock vs per-stream timers, and µs of CPU per token per process."""
+    the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
+    then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
+    heartbeat lateness, open files per process."""
     from streamlab.bench.scale import ScaleCell, run_scale
     from streamlab.bench.tables import SCALE_COLUMNS, plain_table, scale_rows
 
@@ -312,20 +345,38 @@ def scale(
 
     if entry not in ("edge", "nginx", "gateway"):
         raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
-    report = run_scale(lab, counts, tokens, step_ms, names, on_cell, entry=entry)
+    report: dict[str, Any] = ({} if skip_cadence else
+                              run_scale(lab, counts, tokens, step_ms, names, on_cell,
+                                        entry=entry))
+    if slow_streams:
+        from streamlab.bench.scale_slow import run_slow
+
+        err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} tokens each ...")
+        report["slow"] = run_slow(lab, slow_streams, slow_tokens)
     if plot is not None:
         from streamlab.bench import plot as plots
 
         target = plot / "scale.png" if plot.suffix != ".png" else plot
-        plots.plot_scale(report, target)
-        err.print(f"plot written to {target}")
+        if "cells" in report:
+            plots.plot_scale(report, target)
+            err.print(f"plot written to {target}")
+        if "slow" in report:
+            slow_target = target.with_name("scale-slow.png")
+            plots.plot_slow(report["slow"], slow_target)
+            err.print(f"plot written to {slow_target}")
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    console.print(plain_table(f"Scale · {tokens} tokens per stream at a {step_ms} ms step, "
-                              f"entering at {entry} · ms and µs/token", SCALE_COLUMNS,
-                              scale_rows(report)))
-    console.print(f"break points (inter-chunk p99 > 30 ms): {report['break_points']}")
+    if "cells" in report:
+        console.print(plain_table(f"Scale · {tokens} tokens per stream at a {step_ms} ms step,"
+                                  f" entering at {entry} · ms and µs/token", SCALE_COLUMNS,
+                                  scale_rows(report)))
+        console.print(f"break points (inter-chunk p99 > 30 ms): {report['break_points']}")
+    if "slow" in report:
+        from streamlab.bench.tables import SLOW_COLUMNS, slow_rows
+
+        console.print(plain_table(f"Scale · cell c: {slow_streams} slow streams through the "
+                                  "full chain", SLOW_COLUMNS, slow_rows(report["slow"])))
 
 
 @app.command()
