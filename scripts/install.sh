@@ -2,7 +2,7 @@
 # Installs what the lab needs, skipping what is already there:
 #   - .venv/ with the project, the lab tool's and the plots' extras and the dev
 #     tools: pip install -e '.[dev,lab,plot]' (Python packages from PyPI)
-#   - nginx from Debian's packages
+#   - nginx and redis-server from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
 #   - with STREAMLAB_WITH_HF=1 only: the `hf` extra (torch, transformers) for the
@@ -36,6 +36,19 @@ if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && [ ! -f "$stamp.hf" ]; then
   .venv/bin/python -m pip install -q -e '.[dev,lab,plot,hf]'
   touch "$stamp.hf"
   say "hf extra installed in $((SECONDS - started)) s"
+fi
+
+# --- redis-server -------------------------------------------------------------
+# The gateways' shared resume log when the lab runs replicas (docs/topology.md).
+if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "installing redis-server from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "redis-server is missing. Install it with: sudo apt-get install -y redis-server" >&2
+    exit 1
+  fi
 fi
 
 # --- nginx ------------------------------------------------------------------

@@ -23,14 +23,33 @@ import httpx
 
 from streamlab import nginx, processes, tls
 from streamlab.console.settings import ConsoleSettings
-from streamlab.endpoints import ORDER, Endpoints, http_ok
+from streamlab.endpoints import REDIS, Endpoints, http_ok
 from streamlab.processes import Running, ServiceSpec, StartError
-from streamlab.topology import REPO_ROOT, Ports, console_url
+from streamlab.topology import (
+    REPO_ROOT,
+    TOXIPROXY_PROCESSES,
+    Ports,
+    Replicas,
+    console_url,
+    hops,
+    replica_port,
+    split_replica,
+    toxiproxy_api_port,
+)
 
 # The lab console (streamlab/console) starts last, once the chain serves: it is
 # a client of the lab, not a hop of it, so no probe of the chain waits for it.
 CONSOLE = "console"
-STARTED = (*ORDER, CONSOLE)
+
+
+def find_redis() -> str:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if found is None:
+        raise FileNotFoundError(
+            "redis-server is not installed. Run `make up` (installs it), or: "
+            "sudo apt-get install -y redis-server")
+    return found
 
 
 @dataclass
@@ -45,6 +64,19 @@ class LabOptions:
     python: str = sys.executable
     # Start the console beside the lab (`streamlab up --no-console` leaves it out).
     console: bool = True
+    # Replicas (`streamlab up --gateways N --engines M`) and Redis (docs/topology.md).
+    gateways: int = 1
+    engines: int = 1
+    # The gateways' resume store: "memory" (each gateway its own) or "redis"
+    # (shared, through the `store` hop). None: redis with several gateways.
+    store: str | None = None
+
+    @property
+    def replicas(self) -> Replicas:
+        store = self.store or ("redis" if self.gateways > 1 else "memory")
+        if store not in ("memory", "redis"):
+            raise ValueError(f"unknown resume store {store!r}; one of: memory, redis")
+        return Replicas(self.gateways, self.engines, redis=store == "redis")
 
 
 def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
@@ -74,13 +106,15 @@ class Lab(Endpoints):
     stops its services, so it knows their pids and log files."""
 
     def __init__(self, ports: Ports, options: LabOptions | None = None) -> None:
-        super().__init__(ports)
-        self.options = options or LabOptions()
+        options = options or LabOptions()
+        super().__init__(ports, options.replicas)
+        self.options = options
         self.run_dir = self.options.run_dir
         self.running: dict[str, Running] = {}
 
     @property
     def pids(self) -> Mapping[str, int]:
+        self._follow_saved_pids()
         return {name: running.pid for name, running in self.running.items()}
 
     @property
@@ -95,30 +129,50 @@ class Lab(Endpoints):
         p, host = self.ports, self.ports.host
         probes = self.probes()
         nginx_dir = self.run_dir / "nginx"
-        return {
-            "engine": ServiceSpec(
-                "engine", [self.options.python, "-m", "services.engine"],
-                env={"STREAMLAB_ENGINE_HOST": host, "STREAMLAB_ENGINE_PORT": str(p.engine_port),
+        specs: dict[str, ServiceSpec] = {}
+        for name in self.engine_names:
+            _, k = split_replica(name)
+            specs[name] = ServiceSpec(
+                name, [self.options.python, "-m", "services.engine"],
+                env={"STREAMLAB_ENGINE_HOST": host,
+                     "STREAMLAB_ENGINE_PORT": str(self.port_of(name)),
+                     # Each engine's /metrics by the same replica rule as its port.
+                     "STREAMLAB_ENGINE_METRICS_PORT": str(
+                         replica_port(p, p.engine_metrics_port, k)),
                      **self.options.engine_env},
-                ready=probes["engine"], ready_timeout_s=self.options.engine_ready_timeout_s,
+                ready=probes[name], ready_timeout_s=self.options.engine_ready_timeout_s,
                 cwd=REPO_ROOT,
-            ),
-            "toxiproxy": ServiceSpec(
-                "toxiproxy",
-                [find_toxiproxy(), "-host", host, "-port", str(p.toxiproxy_api_port),
-                 "-config", str(self.run_dir / "toxiproxy.json"), "-proxy-metrics"],
-                ready=probes["toxiproxy"],
-            ),
-            "gateway": ServiceSpec(
-                "gateway", [self.options.python, "-m", "services.gateway"],
+            )
+        if self.replicas.redis:
+            # A scratch store: no snapshots, no append-only file (the resume log
+            # lives for minutes); its working dir is the run dir.
+            specs[REDIS] = ServiceSpec(
+                REDIS, [find_redis(), "--bind", host, "--port", str(p.redis_port),
+                        "--save", "", "--appendonly", "no", "--dir", str(self.run_dir)],
+                ready=probes[REDIS])
+        # Several gateways share the resume log in Redis, through the `store` hop.
+        store_env = ({"STREAMLAB_GATEWAY_RESUME_STORE": "redis",
+                      "STREAMLAB_GATEWAY_REDIS_URL": self.store_url}
+                     if self.replicas.redis else {})
+        specs.update({
+            **{process: ServiceSpec(
+                process,
+                [find_toxiproxy(), "-host", host, "-port", str(toxiproxy_api_port(p, process)),
+                 "-config", str(self.run_dir / f"{process}.json"), "-proxy-metrics"],
+                ready=probes[process],
+            ) for process in TOXIPROXY_PROCESSES},
+            **{name: ServiceSpec(
+                name, [self.options.python, "-m", "services.gateway"],
                 env={"STREAMLAB_GATEWAY_HOST": host,
-                     "STREAMLAB_GATEWAY_PORT": str(p.gateway_port),
+                     "STREAMLAB_GATEWAY_PORT": str(self.port_of(name)),
                      "STREAMLAB_GATEWAY_ENGINE_TARGET": self.engine_hop,
                      # A lab: the scenarios' broken modes (off in the gateway itself).
                      "STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES": "true",
-                     **self.options.gateway_env},
-                ready=probes["gateway"], cwd=REPO_ROOT,
-            ),
+                     "STREAMLAB_GATEWAY_JOB_ROUTE": nginx.job_route(
+                         name, self.replicas.gateways),
+                     **store_env, **self.options.gateway_env},
+                ready=probes[name], cwd=REPO_ROOT,
+            ) for name in self.gateway_names},
             "nginx": ServiceSpec(
                 "nginx",
                 [nginx.find_nginx(), "-p", str(nginx_dir), "-e", str(nginx_dir / "error.log"),
@@ -130,7 +184,8 @@ class Lab(Endpoints):
                 env=ConsoleSettings.for_ports(self.ports).environment(),
                 ready=lambda: http_ok(f"{console_url(self.ports)}/healthz"), cwd=REPO_ROOT,
             ),
-        }
+        })
+        return specs
 
     @property
     def tls_dir(self) -> Path:
@@ -138,14 +193,16 @@ class Lab(Endpoints):
 
     def write_configs(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "toxiproxy.json").write_text(
-            json.dumps([s.as_json() for s in self.proxy_specs()], indent=2))
+        for process in TOXIPROXY_PROCESSES:
+            (self.run_dir / f"{process}.json").write_text(
+                json.dumps([s.as_json() for s in self.proxy_specs(process)], indent=2))
         # The lab CA: made on the first `up`, kept after (docs/http2.md says how
         # to trust it); the server certificate covers this lab's host.
         names = tuple(dict.fromkeys((*tls.LOCAL_NAMES, self.ports.host)))
         tls.write_nginx_snippet(tls.ensure(self.tls_dir, names),
                                 f"{self.ports.host}:{self.ports.nginx_h2_port}")
-        nginx.write_config(self.ports, self.run_dir / "nginx", self.options.nginx, self.tls_dir)
+        nginx.write_config(self.ports, self.run_dir / "nginx", self.options.nginx, self.tls_dir,
+                           gateways=self.replicas.gateways)
 
     # ---- lifecycle -----------------------------------------------------------
     def up(self) -> None:
@@ -154,7 +211,7 @@ class Lab(Endpoints):
         self.write_configs()
         specs = self.specs()
         try:
-            for name in ORDER:
+            for name in self.order():
                 self._start(specs[name])
             self._wait_for_chain()
             if self.options.console:
@@ -170,11 +227,14 @@ class Lab(Endpoints):
         processes.wait_ready(running)
 
     def start_service(self, name: str) -> None:
-        """(Re)start one service and wait until the whole chain serves again:
-        its own probe is not enough (nginx may still hold keep-alive
-        connections to a gateway that is gone; the probe through the edge
-        flushes them)."""
-        self._start(self.specs()[name])
+        """(Re)start one service (or replica: `gateway-2`) and wait until the
+        whole chain serves again: its own probe is not enough (nginx may still
+        hold keep-alive connections to a gateway that is gone; the probe
+        through the edge flushes them)."""
+        specs = self.specs()
+        if name not in specs:
+            raise KeyError(f"no service {name!r} in this lab; one of: {', '.join(specs)}")
+        self._start(specs[name])
         self.save_state()
         self._wait_for_chain()
 
@@ -183,6 +243,7 @@ class Lab(Endpoints):
                              log_hint=lambda: f"see logs in {self.run_dir / 'logs'}")
 
     def stop_service(self, name: str, grace_s: float = 10.0) -> None:
+        self._follow_saved_pids()
         running = self.running.pop(name, None)
         if running is not None:
             processes.stop(running, grace_s)
@@ -193,7 +254,11 @@ class Lab(Endpoints):
         self.stop_service(name, grace_s=0.0)
 
     def down(self, grace_s: float = 10.0) -> None:
-        for name in reversed(STARTED):
+        # This lab's order, then anything else state.json named (a lab saved
+        # with other replica counts): nothing it started is left running.
+        self._adopt_saved_pids()
+        names = [*reversed((*self.order(), CONSOLE)), *self.running]
+        for name in names:
             running = self.running.pop(name, None)
             if running is not None:
                 processes.stop(running, grace_s)
@@ -202,15 +267,27 @@ class Lab(Endpoints):
     def check_ports_free(self) -> None:
         import socket
 
-        for name, port in self.ports.model_dump().items():
-            if not name.endswith("_port"):
-                continue
+        listeners = {name: port for name, port in self.ports.model_dump().items()
+                     if name.endswith("_port")}
+        # The replicas' ports (the rule in topology.py), and no two listeners on one port.
+        for service in (*self.gateway_names[1:], *self.engine_names[1:]):
+            listeners[f"{service} port"] = self.port_of(service)
+        for hop in hops(self.ports, self.replicas):
+            if split_replica(hop.name)[1] > 1:
+                listeners[f"{hop.name} hop port"] = hop.listen_port
+        clashes = [port for port in set(listeners.values())
+                   if list(listeners.values()).count(port) > 1]
+        if clashes:
+            raise StartError(f"ports {sorted(clashes)} are used twice by this lab's listeners "
+                             "(STREAMLAB_REPLICA_PORT_STEP too small for the replicas?)")
+        for name, port in listeners.items():
             with socket.socket() as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind((self.ports.host, port))
                 except OSError as exc:
-                    env = f"STREAMLAB_{name.upper()}"
+                    env = f"STREAMLAB_{name.upper()}" if name.endswith("_port") \
+                        else "STREAMLAB_REPLICA_PORT_STEP"
                     raise StartError(
                         f"port {port} ({name}) is in use: is a lab already up? Run "
                         f"`streamlab down`, or choose another port with {env}=..."
@@ -220,6 +297,7 @@ class Lab(Endpoints):
     def save_state(self) -> None:
         state = {
             "ports": self.ports.model_dump(),
+            "replicas": asdict(self.replicas),
             "services": {n: {"pid": r.pid, "log": str(r.log)} for n, r in self.running.items()},
             # Scenarios attached from another process read the idle timeouts and
             # the services' settings (keepalives, ...) here.
@@ -229,21 +307,51 @@ class Lab(Endpoints):
         }
         (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))
 
+    def _follow_saved_pids(self) -> None:
+        """Once this lab runs something, state.json is the truth about its pids:
+        the suite's lab is restarted from other processes (`streamlab bench cancel
+        --background` in a subprocess), and a test that then signalled the engine
+        by the pid it started with hit a dead process while the new one served on."""
+        if self.running:
+            self._adopt_saved_pids()
+
+    def _adopt_saved_pids(self) -> None:
+        """Services that another process restarted (`bench scale` or `bench cancel
+        --background` from the CLI, on a lab this object started) have their new
+        pids in state.json only: take them, so down() stops them too. The test
+        suite's lab leaked an engine and a gateway after each such run."""
+        try:
+            state = json.loads((self.run_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return
+        for name, entry in state.get("services", {}).items():
+            known = self.running.get(name)
+            if known is not None and known.pid == int(entry["pid"]):
+                continue
+            if known is not None and known.popen is not None:
+                known.popen.poll()  # ours, stopped by the other process: reap it
+            self.running[name] = Running(ServiceSpec(name, []), int(entry["pid"]),
+                                         Path(entry["log"]))
+
     @classmethod
     def attach(cls, run_dir: Path) -> Lab:
         """The lab that `streamlab up` left running in run_dir."""
         state = json.loads((run_dir / "state.json").read_text())
         nginx_options = nginx.NginxOptions(**state.get("nginx", {}))
+        replicas = state.get("replicas", {})
         lab = cls(Ports(**state["ports"]), LabOptions(
             run_dir=run_dir, nginx=nginx_options, gateway_env=state.get("gateway_env", {}),
-            engine_env=state.get("engine_env", {})))
-        specs = {name: ServiceSpec(name, []) for name in STARTED}
+            engine_env=state.get("engine_env", {}), gateways=replicas.get("gateways", 1),
+            engines=replicas.get("engines", 1),
+            store="redis" if replicas.get("redis") else "memory"))
         for name, entry in state["services"].items():
-            lab.running[name] = Running(specs[name], int(entry["pid"]), Path(entry["log"]))
+            lab.running[name] = Running(ServiceSpec(name, []), int(entry["pid"]),
+                                        Path(entry["log"]))
         return lab
 
     def status(self) -> dict[str, dict[str, Any]]:
         """The services, and the console's row when this lab started one."""
+        self._follow_saved_pids()
         result = super().status()
         console = self.running.get(CONSOLE)
         if console is not None:

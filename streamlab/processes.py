@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +22,37 @@ from pathlib import Path
 
 class StartError(RuntimeError):
     pass
+
+
+# Open files the lab's processes want: at 5,000 streams nginx holds ~10,000
+# sockets, each Toxiproxy process ~10,000 (two per stream per HTTP hop), the
+# gateway ~5,000. Below this, start() says so once (the lab still starts).
+OPEN_FILES_WANTED = 16_384
+_open_files_warned = False
+
+
+def open_files_hard_limit() -> int:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return hard if hard != resource.RLIM_INFINITY else 1 << 20
+
+
+def raise_open_files() -> str | None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, so every process
+    the lab starts inherits it (and the load generator in this process has it too).
+    The hard limit stays: raising it needs CAP_SYS_RESOURCE, which even root lacks
+    on some machines. Returns what could not be raised, or None."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            return f"open files: soft limit stays at {soft} (hard {hard}): {exc}"
+    limit = open_files_hard_limit()
+    if limit < OPEN_FILES_WANTED:
+        return (f"open files: the hard limit is {limit}, below the {OPEN_FILES_WANTED} that "
+                "5,000 streams need per process (raise it with `ulimit -Hn` as root, or in "
+                "/etc/security/limits.conf); the lab starts, with fewer streams at once")
+    return None
 
 
 @dataclass
@@ -42,6 +75,11 @@ class Running:
 
 
 def start(spec: ServiceSpec, log_dir: Path) -> Running:
+    global _open_files_warned
+    shortfall = raise_open_files()
+    if shortfall and not _open_files_warned:
+        print(f"streamlab: {shortfall}", file=sys.stderr)
+        _open_files_warned = True
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{spec.name}.log"
     with log.open("ab") as out:

@@ -565,8 +565,9 @@ async def _reset(client: Toxiproxy) -> None:
 
 def _toxiproxy(lab: LabTarget) -> Toxiproxy:
     """Toxiproxy's API with a long timeout: taking a toxic off a hop whose link is
-    held up by a stalled reader waits for the toxic's last write (up to 5 s)."""
-    return Toxiproxy(lab.toxiproxy_url, timeout_s=30.0)
+    held up by a stalled reader waits for the toxic's last write (up to 5 s).
+    Every hop by name: the lab's client routes each to its Toxiproxy process."""
+    return lab.toxiproxy(timeout_s=30.0)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -10,6 +10,7 @@ The official `toxiproxy-cli` keeps working against the same server.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -99,24 +100,32 @@ class Toxic:
                 "attributes": self.attributes}
 
 
-class Toxiproxy:
-    def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
+class _Api:
+    """One Toxiproxy process's REST API."""
+
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self._base_url = base_url
+        self._timeout_s = timeout_s
+        self._http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        # Made on first use: a client loads a CA bundle as it is made (tens of ms,
+        # hundreds on a loaded machine), and most calls need one process's API
+        # only. A toxic added mid-stream must land while the stream still runs.
+        if self._http is None:
+            self._http = httpx.Client(base_url=self._base_url, timeout=self._timeout_s)
+        return self._http
 
     def close(self) -> None:
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
-    def __enter__(self) -> Toxiproxy:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _call(self, method: str, path: str, json: Any = None) -> Any:
+    def call(self, method: str, path: str, json: Any = None) -> Any:
         try:
-            response = self._http.request(method, path, json=json)
+            response = self.http.request(method, path, json=json)
         except httpx.HTTPError as exc:
-            raise ToxiproxyError(0, f"{self._http.base_url}: {exc!r}") from exc
+            raise ToxiproxyError(0, f"{self.http.base_url}: {exc!r}") from exc
         if response.status_code >= 400:
             try:
                 message = response.json().get("error", response.text)
@@ -129,13 +138,55 @@ class Toxiproxy:
             return response.json()
         return response.text
 
+
+class Toxiproxy:
+    """The lab's hops by name, whichever Toxiproxy process serves each.
+
+    The lab runs more than one Toxiproxy process (a process holds two sockets per
+    stream per HTTP hop, and the file limit caps it: streamlab/topology.py), so
+    `routes` maps a proxy name to the API of the process that serves it; every
+    other name goes to `base_url`. Callers name hops and never need to know which
+    process holds one: the whole-lab calls (proxies, reset, metrics) go to every
+    process and merge the answers.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0,
+                 routes: Mapping[str, str] | None = None) -> None:
+        self._default = _Api(base_url, timeout_s)
+        self._apis = {base_url: self._default}
+        self._routes: dict[str, _Api] = {}
+        for proxy, url in (routes or {}).items():
+            self._routes[proxy] = self._apis.setdefault(url, _Api(url, timeout_s))
+
+    def close(self) -> None:
+        for api in self._apis.values():
+            api.close()
+
+    def __enter__(self) -> Toxiproxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, json: Any = None) -> Any:
+        """A call about one proxy (`/proxies/NAME...`) goes to the process serving it."""
+        parts = path.split("/")
+        api = self._routes.get(parts[2], self._default) if len(parts) > 2 else self._default
+        return api.call(method, path, json)
+
+    def _each(self, method: str, path: str) -> list[Any]:
+        return [api.call(method, path) for api in self._apis.values()]
+
     def proxies(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = self._call("GET", "/proxies")
+        """Every proxy of every process, by name."""
+        result: dict[str, dict[str, Any]] = {}
+        for answer in self._each("GET", "/proxies"):
+            result.update(answer)
         return result
 
     def reset(self) -> None:
-        """Enable every proxy and remove every toxic."""
-        self._call("POST", "/reset")
+        """Enable every proxy and remove every toxic, in every process."""
+        self._each("POST", "/reset")
 
     def proxy(self, name: str) -> dict[str, Any]:
         """One proxy with its toxics (`enabled`, `listen`, `upstream`, `toxics`)."""
@@ -167,5 +218,6 @@ class Toxiproxy:
         self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
 
     def metrics(self) -> str:
-        """Prometheus text from `-proxy-metrics` (bytes per proxy and direction)."""
-        return str(self._call("GET", "/metrics"))
+        """Prometheus text from `-proxy-metrics` (bytes per proxy and direction), every
+        process's in turn (each proxy is labelled with its name)."""
+        return "".join(str(answer) for answer in self._each("GET", "/metrics"))

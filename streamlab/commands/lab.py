@@ -17,6 +17,7 @@ from services.client.openai_stream import chat_body, stream_chat
 from streamlab.compose import ComposeLab, selected_target
 from streamlab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab import Lab, LabOptions
+from streamlab.nginx import NginxOptions
 from streamlab.processes import StartError
 from streamlab.target import LabTarget
 from streamlab.topology import REPO_ROOT, Ports, console_url
@@ -66,6 +67,19 @@ def up(
         help="openai: the environment variable that holds the upstream's API key.")] = None,
     with_console: Annotated[bool, typer.Option(
         "--console/--no-console", help="Serve the lab console too (docs/console.md).")] = True,
+    nginx_send_timeout_s: Annotated[float | None, typer.Option(
+        "--nginx-send-timeout", min=0.1, metavar="SECONDS",
+        help="How long nginx waits for a client that accepts no bytes before closing it "
+             "(default 30). A few seconds makes slow-reader-edge quick to run.")] = None,
+    gateways: Annotated[int, typer.Option(
+        min=1, help="Gateway replicas behind nginx (least_conn), each with its own hop "
+                    "(upstream, upstream-2, …; docs/topology.md).")] = 1,
+    engines: Annotated[int, typer.Option(
+        min=1, help="Engine replicas, each with its own hop (engine, engine-2, …); the "
+                    "gateways balance them (round_robin, health-checked).")] = 1,
+    store: Annotated[str | None, typer.Option(
+        help="The gateways' resume store: memory or redis (Redis behind the `store` "
+             "hop). Default: redis with more than one gateway, else memory.")] = None,
 ) -> None:
     """Start engine, Toxiproxy, gateway, nginx and the console (detached); print their URLs."""
     _not_for_compose("docker compose up --build -d")
@@ -80,8 +94,13 @@ def up(
             err.print("[yellow]A lab is already up[/] (see `streamlab status`); "
                       "`streamlab down` first.")
             raise typer.Exit(1)
+    if store not in (None, "memory", "redis"):
+        raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
-                         gateway_env=choice.gateway_env, console=with_console)
+                         gateway_env=choice.gateway_env, console=with_console,
+                         gateways=gateways, engines=engines, store=store)
+    if nginx_send_timeout_s is not None:
+        options.nginx = NginxOptions(send_timeout_s=nginx_send_timeout_s)
     if choice.engine_ready_timeout_s is not None:
         options.engine_ready_timeout_s = choice.engine_ready_timeout_s
     lab = Lab(Ports.load(), options)
@@ -136,6 +155,9 @@ def _print_status(lab: LabTarget) -> None:
         table.add_row(name, entry["url"], str(entry["pid"] or "-"), health)
     console.print(table)
     _print_engine_load(lab)
+    ports = lab.ports
+    console.print(f"metrics: {lab.gateway_url}/metrics · engine "
+                  f"http://{ports.host}:{ports.engine_metrics_port}/metrics")
 
 
 def _print_engine_load(lab: LabTarget) -> None:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.topology import HOP_NAMES
+from streamlab.topology import HOP_NAMES, is_hop_name
 from streamlab.toxiproxy import (
     DIRECTIONS,
     TOXIC_TYPES,
@@ -39,13 +39,15 @@ from streamlab.toxiproxy import (
 
 app = typer.Typer(help="Add, change and remove Toxiproxy toxics on the lab's hops.",
                   no_args_is_help=True)
-proxy_app = typer.Typer(help="Enable or disable a whole hop (edge, upstream, engine).",
+proxy_app = typer.Typer(help="Enable or disable a whole hop (edge, upstream, engine, "
+                             "upstream-2, …, store).",
                         no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
 
 HOPS = HOP_NAMES
-Hop = Annotated[str, typer.Argument(help=f"One of: {', '.join(HOPS)}.")]
+Hop = Annotated[str, typer.Argument(
+    help=f"One of: {', '.join(HOPS)}; with replicas also upstream-2, engine-2, …; store.")]
 Attr = Annotated[list[str] | None, typer.Option(
     "--attribute", "-a", help="key=value, repeatable (see `streamlab toxic types`).")]
 Toxicity = Annotated[float | None, typer.Option(
@@ -71,8 +73,9 @@ def _client(run_dir: Path) -> Iterator[Toxiproxy]:
 
 
 def _check_hop(hop: str) -> None:
-    if hop not in HOPS:
-        err.print(f"[red]unknown hop {hop!r}[/]; one of: {', '.join(HOPS)}")
+    if not is_hop_name(hop):
+        err.print(f"[red]unknown hop {hop!r}[/]; one of: {', '.join(HOPS)} "
+                  "(and upstream-N, engine-N, store in a lab with replicas)")
         raise typer.Exit(2)
 
 
@@ -97,7 +100,9 @@ def list_toxics(
         _check_hop(hop)
     with _client(run_dir) as client:
         proxies = client.proxies()
-    shown = {name: proxies[name] for name in HOPS if name in proxies and hop in (None, name)}
+    # The one-replica hops in their usual order, then replicas' and `store`.
+    names = [*(n for n in HOPS if n in proxies), *sorted(n for n in proxies if n not in HOPS)]
+    shown = {name: proxies[name] for name in names if is_hop_name(name) and hop in (None, name)}
     if as_json:
         print(json.dumps(shown, indent=2))
         return

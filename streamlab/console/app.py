@@ -23,7 +23,8 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 def create_app(settings: ConsoleSettings, toxiproxy: Toxiproxy | None = None) -> FastAPI:
     """The console for one lab; `toxiproxy` is a seam for a client of the caller's."""
-    state = control.ConsoleState(settings, toxiproxy or Toxiproxy(settings.toxiproxy_url))
+    state = control.ConsoleState(settings, toxiproxy or Toxiproxy(
+        settings.toxiproxy_url, routes=settings.toxiproxy_routes))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -30,7 +30,7 @@ from streamlab.console.settings import ConsoleSettings
 from streamlab.endpoints import engine_stats
 from streamlab.generation_end import state_name
 from streamlab.scenarios import MODES, Mode
-from streamlab.topology import HOP_NAMES
+from streamlab.topology import HOP_NAMES, is_hop_name
 from streamlab.toxiproxy import (
     TOXIC_TYPES,
     Direction,
@@ -91,8 +91,9 @@ router = APIRouter(prefix="/api")
 
 
 def _hop(hop: str) -> str:
-    if hop not in HOP_NAMES:
-        raise UnknownName(f"no hop {hop!r}; one of: {', '.join(HOP_NAMES)}")
+    if not is_hop_name(hop):
+        raise UnknownName(f"no hop {hop!r}; one of: {', '.join(HOP_NAMES)} "
+                          "(and upstream-N, engine-N, store with replicas)")
     return hop
 
 
@@ -118,7 +119,8 @@ def hops(state: State) -> dict[str, Any]:
     proxies = state.toxiproxy.proxies()
     return {name: {"enabled": proxies[name]["enabled"],
                    "toxics": proxies[name].get("toxics") or []}
-            for name in HOP_NAMES if name in proxies}
+            for name in (*(n for n in HOP_NAMES if n in proxies),
+                         *sorted(n for n in proxies if n not in HOP_NAMES and is_hop_name(n)))}
 
 
 class ToxicRequest(BaseModel):

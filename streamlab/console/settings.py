@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,6 +29,9 @@ class ConsoleSettings(BaseSettings):
     port: int
     edge_url: str
     toxiproxy_url: str
+    # Hops served by another Toxiproxy process than toxiproxy_url's: hop → API URL
+    # (the lab runs two; streamlab/topology.py). As an env var, a JSON object.
+    toxiproxy_routes: dict[str, str] = {}
     engine_target: str  # host:port of the engine itself (GetStats), past every proxy
     gateway_url: str  # the gateway itself, for its /metrics
     # How often the page asks for the engine's and the gateway's counters.
@@ -47,10 +52,12 @@ class ConsoleSettings(BaseSettings):
         """The lab's addresses from its ports, each overridable by STREAMLAB_CONSOLE_*."""
         lab = Endpoints(ports)
         return cls(host=ports.host, port=ports.console_port, edge_url=edge_url(ports),
-                   toxiproxy_url=lab.toxiproxy_url, engine_target=lab.engine_target,
+                   toxiproxy_url=lab.toxiproxy_url, toxiproxy_routes=lab.toxiproxy_routes(),
+                   engine_target=lab.engine_target,
                    gateway_url=lab.gateway_url)
 
     def environment(self) -> dict[str, str]:
         """These settings as the environment of a console process (lab.py starts one)."""
-        return {f"STREAMLAB_CONSOLE_{name.upper()}": str(value)
+        return {f"STREAMLAB_CONSOLE_{name.upper()}":
+                json.dumps(value) if isinstance(value, dict) else str(value)
                 for name, value in self.model_dump().items()}

@@ -105,7 +105,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """On the compose target, run only what uses the lab under test: a test that
     starts its own processes (a private lab, an hf engine, an in-process app)
     measures nothing of the containers and already ran against local processes
-    in the same CI run, so running it twice only costs minutes."""
+    in the same CI run, so running it twice only costs minutes. The same for a
+    test marked `local_only(reason)`: an expensive one whose subject is the
+    services' own logic (the same code and nginx template as the local lab),
+    not the containers, the hops between them or the replicas."""
     if selected_target() != "compose":
         return
     skip = pytest.mark.skip(reason="does not use the compose lab (it starts its own "
@@ -113,6 +116,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "lab" not in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
+        elif (local_only := item.get_closest_marker("local_only")) is not None:
+            item.add_marker(pytest.mark.skip(
+                reason=f"runs in the local suite only: {local_only.args[0]}"))
 
 
 @pytest.fixture(scope="session")
@@ -218,4 +224,5 @@ def add_toxic(toxiproxy: Toxiproxy) -> AddToxic:
 
 # The transformers backend's and the upstream chain's fixtures live beside their tests.
 from tests.integration.hf_fixtures import hf_lab, tiny_model_dir  # noqa: E402, F401
+from tests.integration.redis_fixtures import redis_server, start_replicas  # noqa: E402, F401
 from tests.integration.upstream_fixtures import openai_lab, upstream_pair  # noqa: E402, F401

@@ -28,7 +28,13 @@ from services.gateway.openai_api import ChatCompletionRequest, StreamlabOptions
 from streamlab.target import LabTarget
 from tests.integration.bad_input_cases import Case, Outcome, Target, catalogue
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # 317 cases and ~200 generated bodies: 30+ s on 2 cores.
+    pytest.mark.local_only("the answers to malformed input come from the gateway's "
+                           "validation and nginx's template, the same code as the local "
+                           "lab's; 30+ s, and the local suite runs it in the same CI run"),
+]
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 

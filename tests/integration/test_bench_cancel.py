@@ -22,3 +22,24 @@ def test_bench_cancel_reports_every_abandoned_stream_cancelled(lab: LabTarget) -
     assert figures["still_running"] == 0
     assert figures["tokens_after_cancel"] <= 20  # at most one decode step each
     assert 0 <= figures["cancel_latency_p50_ms"] <= figures["cancel_latency_p99_ms"] < 2000
+
+
+def test_bench_cancel_with_streams_running_beside_it(lab: LabTarget) -> None:
+    """Issue 15's P5 asks for the cancel figures with 1,000 streams running: the
+    bench raises the caps, keeps slow streams running through the same chain
+    while it abandons its own, and says how the background fared (a cancel that
+    took a background stream down with it would show here)."""
+    if lab.pids is None:
+        pytest.skip("--background restarts the engine and the gateway with raised caps: "
+                    "local labs only (on compose it exits 2 and says so)")
+    out = subprocess.run(
+        [sys.executable, "-m", "streamlab.cli", "bench", "cancel", "--run-dir", str(lab.run_dir),
+         "--streams", "20", "--concurrency", "5", "--background", "60", "--json"],
+        capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["streams"] == figures["cancelled"] == 20
+    assert figures["still_running"] == 0
+    assert figures["background_streams"] == figures["background_completed"] == 60
+    assert figures["background_errors"] == {}
+    assert figures["tokens_after_cancel"] <= 20

@@ -14,7 +14,7 @@ import pytest
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.lab import Lab
-from streamlab.processes import alive
+from streamlab.processes import pid_alive
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_DRAIN_GRACE_S
 from tests.integration.engine_probe import wait_for_generation_end
@@ -36,7 +36,7 @@ def needs_local_process(lab: Lab, name: str) -> None:
 async def wait_exited(lab: Lab, name: str, timeout_s: float) -> float:
     started = time.monotonic()
     with anyio.fail_after(timeout_s):
-        while alive(lab.running[name]):  # noqa: ASYNC110 - another process
+        while pid_alive(lab.pids[name]):  # noqa: ASYNC110 - another process
             await anyio.sleep(0.05)
     return time.monotonic() - started
 
@@ -61,7 +61,7 @@ async def test_gateway_sigterm_finishes_short_streams_and_sends_long_ones_back(
             with anyio.fail_after(5):
                 for event in started.values():
                     await event.wait()
-            os.kill(lab.running["gateway"].pid, signal.SIGTERM)
+            os.kill(lab.pids["gateway"], signal.SIGTERM)
             # Draining: the listener stays up and says so, with a retry hint.
             with anyio.fail_after(3):
                 while (health := await http.get(f"{lab.gateway_url}/healthz")).status_code != 503:  # noqa: ASYNC110
@@ -106,7 +106,7 @@ async def test_engine_sigterm_finishes_live_streams_and_refuses_new_ones(
             tasks.start_soon(stream)
             with anyio.fail_after(5):
                 await first.wait()
-            os.kill(lab.running["engine"].pid, signal.SIGTERM)
+            os.kill(lab.pids["engine"], signal.SIGTERM)
             with anyio.fail_after(3):
                 while True:
                     refused = await http.post(url(lab), json=chat_body("new", answer_tokens=1))

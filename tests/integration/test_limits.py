@@ -39,9 +39,11 @@ async def test_a_claimed_client_id_does_not_buy_another_cap(
     lab: Lab, http: httpx.AsyncClient
 ) -> None:
     """Without auth the client is its address (nginx forwards it); X-Client-Id
-    used to be the key, so a client dodged its cap by naming itself anew."""
+    used to be the key, so a client dodged its cap by naming itself anew.
+    The cap is each gateway's: with replicas, nginx (least_conn) spreads the
+    held streams evenly, so a client holds the cap on every gateway."""
     async with contextlib.AsyncExitStack() as held:
-        for i in range(TEST_PER_CLIENT_STREAMS):
+        for i in range(TEST_PER_CLIENT_STREAMS * len(lab.gateway_names)):
             response = await held.enter_async_context(
                 http.stream("POST", url(lab), json=SLOW, headers={"X-Client-Id": f"hog-{i}"}))
             assert response.status_code == 200
@@ -108,24 +110,30 @@ async def test_every_kind_of_work_counts_against_its_key_s_cap(
 async def test_full_engine_queue_is_refused_at_once_as_429(
     lab: Lab, http: httpx.AsyncClient
 ) -> None:
+    """Every engine full (with replicas, a gateway would send the request on to
+    one with room, as it should): the gateway refuses at once."""
     capacity = TEST_ENGINE_RUNNING + TEST_ENGINE_QUEUED
-    async with grpc.aio.insecure_channel(lab.engine_target) as channel:
-        stub = pb_grpc.EngineServiceStub(channel)
-        timing = pb.FakeModelTiming(prefill_ms=30_000, answer_tokens=1)
+    timing = pb.FakeModelTiming(prefill_ms=30_000, answer_tokens=1)
+    async with contextlib.AsyncExitStack() as channels:
+        stubs = [pb_grpc.EngineServiceStub(await channels.enter_async_context(
+                     grpc.aio.insecure_channel(lab.engine_target_of(engine))))
+                 for engine in lab.engine_names]
         calls = [stub.Generate(pb.GenerateRequest(prompt="x", timing=timing,
                                                   request_id=f"fill-{i}-{uuid.uuid4().hex[:6]}"))
-                 for i in range(capacity)]
+                 for stub in stubs for i in range(capacity)]
         try:
             for call in calls:
                 await call.initial_metadata()
+            running = TEST_ENGINE_RUNNING * len(stubs)
             with anyio.fail_after(5):
-                while lab.engine_stats().generations_active < TEST_ENGINE_RUNNING:  # noqa: ASYNC110 - polling another process
+                while lab.engine_stats().generations_active < running:  # noqa: ASYNC110 - polling another process
                     await anyio.sleep(0.05)
             started = lab.engine_stats().generations_started
-            over = stub.Generate(pb.GenerateRequest(prompt="x", timing=timing))
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await over.read()
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for stub in stubs:
+                over = stub.Generate(pb.GenerateRequest(prompt="x", timing=timing))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await over.read()
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
             response = await http.post(url(lab), json=SLOW)
             assert response.status_code == 429

@@ -132,7 +132,8 @@ def test_an_engine_failure_mid_stream_raises_in_the_sdk(sdk: openai.OpenAI, lab:
             seen += sum(1 for choice in chunk.choices if choice.delta.content)
             if seen == 3:
                 wait_for_generation_start(lab, request_id)
-                toxiproxy.set_enabled("engine", False)  # the autouse reset re-enables it
+                for hop in lab.hops_of("engine"):  # the autouse reset re-enables them
+                    toxiproxy.set_enabled(hop, False)
     assert seen >= 3
     assert "engine" in failed.value.message
     assert "127.0.0.1" not in failed.value.message

@@ -66,21 +66,24 @@ def toxiproxy(lab: Lab) -> Iterator[Toxiproxy]:
         client.close()
 
 
-def cut_connections(toxiproxy: Toxiproxy, hop: str, cuts: list[int]
+def cut_connections(toxiproxy: Toxiproxy, hops: tuple[str, ...], cuts: list[int]
                     ) -> Callable[[int], Awaitable[None]]:
-    """before_connect hook: connection n is cut after cuts[n] bytes; later
-    ones run clean. (Toxiproxy's API answers in a millisecond or two, so the
-    sync client is fine here: no stream is open while it runs.)"""
+    """before_connect hook: connection n is cut after cuts[n] bytes on each of
+    `hops` (`lab.hops_of(kind)`: with replicas a connection may go through any
+    gateway's upstream hop); later ones run clean. (Toxiproxy's API answers in
+    a millisecond or two, so the sync client is fine here: no stream is open
+    while it runs.)"""
     async def before(attempt: int) -> None:
         toxiproxy.reset()
         if attempt < len(cuts):
-            toxiproxy.add_toxic(hop, Toxic("limit_data", {"bytes": cuts[attempt]}))
+            for hop in hops:
+                toxiproxy.add_toxic(hop, Toxic("limit_data", {"bytes": cuts[attempt]}))
     return before
 
 
-def cut_first_connection(toxiproxy: Toxiproxy, hop: str, at_byte: int
+def cut_first_connection(toxiproxy: Toxiproxy, hops: tuple[str, ...], at_byte: int
                          ) -> Callable[[int], Awaitable[None]]:
-    return cut_connections(toxiproxy, hop, [at_byte])
+    return cut_connections(toxiproxy, hops, [at_byte])
 
 
 _reference: dict[tuple[int, str], bytes] = {}
@@ -173,7 +176,8 @@ async def test_a_cut_anywhere_resumes_every_token_exactly_once(
 
     created = await create_stream(fresh, lab.edge_url, stream_body())
     result = await follow(fresh, lab.edge_url, created,
-                                 before_connect=cut_first_connection(toxiproxy, hop, at_byte))
+                                 before_connect=cut_first_connection(
+                                     toxiproxy, lab.hops_of(hop), at_byte))
 
     assert result.terminal == "done", result.error
     assert result.text == EXPECTED
@@ -200,7 +204,7 @@ async def test_any_cuts_on_any_hop_still_give_the_uncut_text(
 ) -> None:
     """`cuts[n]` is where connection n is cut, in bytes after its headers."""
     # The autouse reset runs per test, not per example: start each one clean.
-    await cut_connections(toxiproxy, hop, [])(0)
+    await cut_connections(toxiproxy, lab.hops_of(hop), [])(0)
     wire = await reference_wire(lab, fresh, hop)
     # A little under the headers' length: resumed responses carry a longer
     # Last-Event-ID header, and on `upstream` a cut inside headers is a 502.
@@ -208,7 +212,8 @@ async def test_any_cuts_on_any_hop_still_give_the_uncut_text(
     created = await create_stream(fresh, lab.edge_url, stream_body())
     result = await follow(
         fresh, lab.edge_url, created,
-        before_connect=cut_connections(toxiproxy, hop, [headers + cut for cut in cuts]))
+        before_connect=cut_connections(toxiproxy, lab.hops_of(hop),
+                                       [headers + cut for cut in cuts]))
 
     assert result.terminal == "done", (result.error, cuts)
     assert result.text == EXPECTED
@@ -227,7 +232,8 @@ async def test_no_reconnect_within_grace_cancels_at_the_engine_then_reconnect_is
                                   stream_body(tokens=400, gap_ms=20, grace_s=grace_s))
     stream_id = created["id"]
     cut = await follow(fresh, lab.edge_url, created, resume=False,
-                              before_connect=cut_first_connection(toxiproxy, "edge", 700))
+                              before_connect=cut_first_connection(
+                                  toxiproxy, lab.hops_of("edge"), 700))
     assert cut.error is not None
     assert cut.error["code"] == "truncated"
     assert cut.connections[0].ended == "transport"
@@ -248,7 +254,7 @@ async def test_no_reconnect_within_grace_cancels_at_the_engine_then_reconnect_is
     assert status["cancel_reason"] == "resume_grace_expired"
 
     # Reconnecting after expiry: what was buffered since, then the explicit end.
-    await cut_connections(toxiproxy, "edge", [])(0)  # no more cuts
+    await cut_connections(toxiproxy, lab.hops_of("edge"), [])(0)  # no more cuts
     late = await follow(fresh, lab.edge_url, created, max_connections=1,
                                last_event_id=f"{stream_id}:{received}" if received else None)
     assert late.terminal == "cancelled"
@@ -271,7 +277,8 @@ async def test_grace_zero_cancels_as_soon_as_the_client_is_cut(
                                   stream_body(tokens=400, gap_ms=20, grace_s=0))
     # resume=False: a client that is cut and never comes back.
     await follow(fresh, lab.edge_url, created, resume=False,
-                        before_connect=cut_first_connection(toxiproxy, "upstream", 900))
+                        before_connect=cut_first_connection(
+                            toxiproxy, lab.hops_of("upstream"), 900))
     record = await anyio.to_thread.run_sync(wait_for_generation_end, lab, created["id"], 3.0)
     assert record.state == pb.GENERATION_STATE_CANCELLED
     assert record.tokens_generated < 100
@@ -312,7 +319,8 @@ async def test_a_replay_that_cannot_be_complete_says_so(
                                   stream_body(tokens=TOKENS, gap_ms=5, max_events=5))
     stream_id = created["id"]
     first = await follow(fresh, lab.edge_url, created, resume=False,
-                                before_connect=cut_first_connection(toxiproxy, "edge", 500))
+                                before_connect=cut_first_connection(
+                                    toxiproxy, lab.hops_of("edge"), 500))
     async def finished() -> bool:
         status = await fresh.get(f"{lab.edge_url}/v1/streams/{stream_id}")
         return bool(status.json()["state"] != "running")
@@ -321,7 +329,7 @@ async def test_a_replay_that_cannot_be_complete_says_so(
     seen = len(first.tokens)
     assert seen < TOKENS - 5
     sent = f"{stream_id}:{seen}" if seen else None
-    await cut_connections(toxiproxy, "edge", [])(0)  # no more cuts
+    await cut_connections(toxiproxy, lab.hops_of("edge"), [])(0)  # no more cuts
     lost_to = TOKENS + 1 - 5  # the log holds the last 5 of TOKENS + 1 events
 
     response = await fresh.get(f"{lab.edge_url}{created['events_url']}",

@@ -17,7 +17,11 @@ from streamlab.lab import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+pytestmark = [
+    pytest.mark.integration, pytest.mark.anyio,
+    pytest.mark.local_only("stop sequences are the engine's and the gateway's text "
+                           "logic, the same code on both targets"),
+]
 
 ANSWER = 40
 # The fake model's words, as the client would see them with no stop at all.

@@ -130,7 +130,8 @@ async def test_think_pause_is_filled_with_heartbeats(lab: Lab, http: httpx.Async
 
 async def test_engine_down_is_a_clear_error_not_a_hang(lab: Lab, http: httpx.AsyncClient) -> None:
     body = chat_body("anyone there?", prefill_ms=10, token_gap_ms=10, answer_tokens=3)
-    await anyio.to_thread.run_sync(lab.stop_service, "engine")
+    for engine in lab.engine_names:  # every one: a second engine would answer
+        await anyio.to_thread.run_sync(lab.stop_service, engine)
     try:
         started = time.monotonic()
         result = await stream_chat(http, completions(lab.edge_url), body)
@@ -140,7 +141,8 @@ async def test_engine_down_is_a_clear_error_not_a_hang(lab: Lab, http: httpx.Asy
         assert "engine" in result.error["message"]
         assert elapsed < 5.0
     finally:
-        await anyio.to_thread.run_sync(lab.start_service, "engine")
+        for engine in lab.engine_names:
+            await anyio.to_thread.run_sync(lab.start_service, engine)
 
     # A restarted engine serves again without restarting the gateway.
     with anyio.fail_after(10):
