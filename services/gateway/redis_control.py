@@ -36,9 +36,12 @@ POLL_S = 1.0  # how long one get_message waits: bounds how late a shutdown notic
 
 class ControlChannel:
     def __init__(self, redis: Redis, prefix: str, replica: str,
-                 on_command: Callable[[str, str, str], None]) -> None:
+                 on_command: Callable[[str, str, str], None],
+                 on_store_failure: Callable[[], None] = lambda: None) -> None:
         """`on_command(op, stream id, reason)`: "cancel" (stop it now) or
-        "attached" (a reader on another replica: count it for the grace)."""
+        "attached" (a reader on another replica: count it for the grace).
+        `on_store_failure()`: the subscription or the alive key failed; it
+        runs every POLL_S, so it notices a store outage even when idle."""
         self._redis = redis
         self._prefix = prefix
         self._channel = control_channel(prefix, replica)
@@ -46,6 +49,7 @@ class ControlChannel:
         # This process, as opposed to a later one under the same replica name.
         self.incarnation = uuid.uuid4().hex
         self._on_command = on_command
+        self._on_store_failure = on_store_failure
         self._task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 
@@ -94,6 +98,7 @@ class ControlChannel:
                         self._handle(message["data"])
             except STORE_ERRORS as exc:
                 self.subscribed.clear()
+                self._on_store_failure()
                 log.warning("control channel lost (%s); resubscribing in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_S)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -59,11 +61,23 @@ class StoreMetrics:
                                "while it failed)", registry=registry)
         self.takeovers = Counter("streamlab_gateway_resume_takeovers",
                                  "Streams whose owning replica was lost, by what happened: "
-                                 "reattached here, ended owner_lost, or handed_off by a drain",
+                                 "reattached here, ended owner_lost, handed_off by a drain, "
+                                 "or superseded here by another replica's take-over",
                                  ["outcome"], registry=registry)
         self.read_failures = Counter("streamlab_gateway_resume_store_read_failures",
                                      "Resumes, statuses or live tails the store failed",
                                      registry=registry)
+        # When this replica last failed to reach the store (any call: a read,
+        # a write, its alive key): while that is recent, another replica's
+        # missing alive key says more about the store than about that replica
+        # (RedisStore._owner_gone).
+        self.last_failure_at = -math.inf
+
+    def store_failed(self) -> None:
+        self.last_failure_at = time.monotonic()
+
+    def store_failed_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.last_failure_at < seconds
 
 
 def _already_written(result: object) -> bool:
@@ -100,6 +114,13 @@ class LogMirror:
         self._released = True
         self._wake.set()
         return self._task
+
+    def abandon(self) -> None:
+        """Another replica owns the log now (it took the stream over): write
+        nothing more, not even what is pending."""
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
 
     def start(self, tombstone_s: float) -> asyncio.Task[None]:
         self._task = asyncio.get_running_loop().create_task(
@@ -139,6 +160,7 @@ class LogMirror:
                 await self._write(batch, meta, tombstone_s)
             except STORE_ERRORS as exc:
                 self._metrics.write_failures.inc()
+                self._metrics.store_failed()
                 log.warning("resume log write failed (%d events pending): %s",
                             len(self._pending), exc)
                 if meta.ended:

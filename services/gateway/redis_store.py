@@ -52,15 +52,17 @@ from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import EngineError
 from services.gateway.memory_store import MemoryStore, expired, find_local, follow_local, unknown
+from services.gateway.redis_control import POLL_S as CONTROL_POLL_S
 from services.gateway.redis_control import ControlChannel
 from services.gateway.redis_keys import (
+    ALIVE_TTL_S,
     RELEASED,
     StreamKeys,
     StreamMeta,
     replica_key,
     stream_keys,
 )
-from services.gateway.redis_log import STORE_ERRORS, LogMirror, StoreMetrics
+from services.gateway.redis_log import RETRY_MAX_S, STORE_ERRORS, LogMirror, StoreMetrics
 from services.gateway.redis_tail import (
     Presence,
     ReaderMustMove,
@@ -125,6 +127,11 @@ if ttl <= 0 then ttl = tonumber(ARGV[3]) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return ttl
 """
+# How long after this replica's own last store failure a missing alive key is
+# not taken as a dead owner: the key's TTL (it may have expired during the
+# outage), plus the owner's control loop getting back (its reconnect backoff
+# and one poll) to refresh it.
+OWNER_SILENCE_AFTER_OUTAGE_S = ALIVE_TTL_S + RETRY_MAX_S + CONTROL_POLL_S
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
 
@@ -181,6 +188,28 @@ class SharedStream(ResumableStream):
         self._lease.close()
         self.mirror.release()
         self._store.store_metrics.takeovers.labels("handed_off").inc()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _superseded(self, exc: EngineError) -> None:
+        """Another replica took the stream over and attached to the generation
+        while this one still read it (this one's alive key expired while it
+        could not reach the store). That replica owns the log now: step aside
+        without a word in it (no terminal event, no metadata: what this one
+        still had pending the new owner re-read from the engine), and end this
+        replica's readers with `retry:`, so they reconnect and read the log the
+        new owner writes."""
+        if not self._store.settings.reattach:
+            super()._superseded(exc)
+            return
+        log.warning("stream %s: another replica attached to its generation; stepping aside",
+                    self.id)
+        self._handed_off = True
+        self._disarm()
+        self._lease.abandon_call()  # the call has ended; the generation is the new owner's
+        self._lease.close()
+        self.mirror.abandon()
+        self._store.store_metrics.takeovers.labels("superseded").inc()
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -248,7 +277,7 @@ class RedisStore(ResumeStore):
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
         self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
-                                      self._on_command)
+                                      self._on_command, self.store_metrics.store_failed)
         self._mirrors: set[LogMirror] = set()
         self._end_orphan = self.redis.register_script(END_ORPHAN)
         self._claim = self.redis.register_script(CLAIM)
@@ -284,6 +313,7 @@ class RedisStore(ResumeStore):
             await stream.mirror.write_meta()
         except STORE_ERRORS as exc:
             self.store_metrics.write_failures.inc()
+            self.store_metrics.store_failed()
             stream.cancel("resume_store_unavailable")
             raise store_unavailable(self.settings.retry_after_s) from exc
         self._start_mirror(stream)
@@ -342,6 +372,7 @@ class RedisStore(ResumeStore):
                 first = await first_seq(self.redis, keys, meta.last_seq)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
+            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         if meta.owner not in (None, owner):
             raise unknown(stream_id)
@@ -371,6 +402,7 @@ class RedisStore(ResumeStore):
                 attaches = await self._attaches(keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
+            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return {"id": found.id, "state": meta.state.value, "cancel_reason": meta.cancel_reason,
                 # readers elsewhere; the owner's own readers are in its own answer
@@ -451,6 +483,7 @@ class RedisStore(ResumeStore):
                 await self._wait_ended(keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
+            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return await self.status(found)
 
@@ -478,6 +511,13 @@ class RedisStore(ResumeStore):
             alive = await self.redis.get(replica_key(KEY_PREFIX, meta.replica))
             if alive is not None and meta.incarnation in ("", alive):
                 return False  # it runs (a restarted one under its name does not count)
+            if self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
+                # This replica could not reach the store a moment ago either:
+                # the owner's key most likely expired in the same outage, not
+                # with the owner. Taking over now would be split-brain (the
+                # owner still runs the call, store-faults ended live streams
+                # `error`). Judge again once the owner had time to refresh it.
+                return False
         if self._gateway is not None and self._gateway.drain.draining:
             # Taken over here, it would be cancelled (`gateway_shutdown`) when
             # this replica exits: rolling-deploy lost streams so. Let the reader

@@ -144,6 +144,7 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
         return
     except STORE_ERRORS:
         metrics.read_failures.inc()
+        metrics.store_failed()
         error = store_unavailable(retry_after_s)
         yield ServerSentEvent(event="error", data=json.dumps(error.body()), sep="\n")
     finally:

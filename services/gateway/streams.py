@@ -57,6 +57,9 @@ if TYPE_CHECKING:
     from services.gateway.lease import EngineLease
 
 MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
+# The engine's word (gRPC ABORTED) for "another caller attached to this
+# detachable generation" (services/engine/detached.py, `Replaced`).
+SUPERSEDED = "aborted"
 MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
 
 
@@ -179,6 +182,8 @@ class ResumableStream:
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self._drained()
+            elif exc.code == SUPERSEDED:  # the engine: another caller attached to it
+                self._superseded(exc)
             else:
                 self._end(GenerationState.FAILED, "error", exc.body())
         finally:
@@ -189,6 +194,12 @@ class ResumableStream:
         end here (the shared store hands them to another replica instead)."""
         self.cancel_reason = DRAINING
         self._end(GenerationState.CANCELLED, "cancelled", {"reason": DRAINING})
+
+    def _superseded(self, exc: EngineError) -> None:
+        """A newer caller attached to the generation and the engine ended this
+        call. Only a replica of the shared store re-attaches (SharedStream
+        steps aside); here it is an error like any other."""
+        self._end(GenerationState.FAILED, "error", exc.body())
 
     @property
     def handed_off(self) -> bool:

@@ -126,6 +126,11 @@ async def store_faults(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     figures.update(
         live_streams=len(live),
         live_complete=sum(_complete(c, LIVE_TOKENS) for c in live),
+        # What each stream that did not end whole ended with, so a failed
+        # verdict says how (its end event or none, tokens, events seen).
+        live_incomplete="; ".join(
+            f"{c.terminal or 'no end'}, {c.tokens} tokens, {len(c.seqs)} events"
+            f"{', cut' if c.cut else ''}" for c in live if not _complete(c, LIVE_TOKENS)),
         live_duplicates=sum(len(c.seqs) - len(set(c.seqs)) for c in live),
         latency_max_stall_s=round(_max_stall(live, latency_from, latency_to), 2),
         cut_max_stall_s=round(_max_stall(live, cut_from, cut_to + 2), 2),

@@ -224,5 +224,5 @@ def add_toxic(toxiproxy: Toxiproxy) -> AddToxic:
 
 # The transformers backend's and the upstream chain's fixtures live beside their tests.
 from tests.integration.hf_fixtures import hf_lab, tiny_model_dir  # noqa: E402, F401
-from tests.integration.redis_fixtures import redis_server, start_replicas  # noqa: E402, F401
+from tests.integration.redis_fixtures import redis_server, start_replicas, store_hop  # noqa: E402, F401
 from tests.integration.upstream_fixtures import openai_lab, upstream_pair  # noqa: E402, F401

@@ -7,6 +7,7 @@ at the end (and whatever had started is stopped if a later start fails).
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -21,8 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab import processes
 from streamlab.endpoints import engine_stats
+from streamlab.lab import find_toxiproxy
 from streamlab.processes import ServiceSpec
 from streamlab.topology import REPO_ROOT
+from streamlab.toxiproxy import Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, free_ports
 
@@ -76,6 +79,37 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class StoreHop:
+    """A Toxiproxy hop `store` in front of the Redis server, as the lab has:
+    gateways given `url` reach Redis through it, and a toxic on it is a fault
+    on the network, not on Redis (a black hole drops what is sent, where a
+    frozen Redis answers its queued commands once it runs again)."""
+
+    url: str
+    toxiproxy: Toxiproxy
+
+
+@pytest.fixture
+def store_hop(redis_server: RedisServer, tmp_path: Path) -> Iterator[StoreHop]:
+    api_port, listen_port = free_ports(2)
+    config = tmp_path / "store-hop.json"
+    config.write_text(json.dumps([{"name": "store", "listen": f"127.0.0.1:{listen_port}",
+                                   "upstream": f"127.0.0.1:{redis_server.port}",
+                                   "enabled": True}]))
+    api = f"http://127.0.0.1:{api_port}"
+    spec = ServiceSpec("toxiproxy-store", [find_toxiproxy(), "-host", "127.0.0.1",
+                                           "-port", str(api_port), "-config", str(config)],
+                       ready=lambda: httpx.get(f"{api}/version", timeout=1.0).status_code == 200)
+    running = processes.start(spec, tmp_path / "store-hop")
+    try:
+        processes.wait_ready(running)
+        with Toxiproxy(api) as toxiproxy:
+            yield StoreHop(f"redis://127.0.0.1:{listen_port}/0", toxiproxy)
+    finally:
+        processes.stop(running, grace_s=5.0)
 
 
 def engine_serving(target: str) -> bool:

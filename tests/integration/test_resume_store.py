@@ -8,23 +8,35 @@ memory store (each replica its own registry) a resume on the other replica is
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import signal
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from services.engine.backends.fake import token_text
+from services.gateway.redis_keys import replica_key
+from services.gateway.redis_store import KEY_PREFIX
 from streamlab import processes
 from streamlab.generation_end import wait_for_end
+from streamlab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.sse import Event, SSEDecoder
-from tests.integration.redis_fixtures import RedisServer, Replicas, StartReplicas, create_stream
+from tests.integration.redis_fixtures import (
+    RedisServer,
+    Replicas,
+    StartReplicas,
+    StoreHop,
+    create_stream,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -348,3 +360,82 @@ def test_a_resume_while_redis_is_down_is_a_clear_error_and_the_owner_keeps_strea
             time.sleep(0.1)
         assert seqs(rest) == list(range(resumed_after + 1, 62))
         assert text_of(rest) == "".join(token_text(i) for i in range(resumed_after, 60))
+
+
+def test_a_store_outage_longer_than_the_alive_key_does_not_hand_a_live_stream_over(
+        redis_server: RedisServer, store_hop: StoreHop, start_replicas: StartReplicas,
+        http: httpx.Client) -> None:
+    """The store hop black-holed for longer than the owner's alive key lives
+    (3 s): the key expires in the outage although the owner runs on,
+    and comes back only when the owner's control loop is past its reconnect
+    backoff. A reader on the other replica, reading through it all as an
+    EventSource would, must not take that for a dead owner once the store is
+    back: a take-over then is split-brain (its Attach replaced the owner's
+    call, which ended the stream `error` for every reader: 2 of 10 live
+    streams in store-faults). It reads on, and gets the whole text once, from
+    the log the owner keeps writing.
+
+    When the owner's key is back depends on where its reconnect backoff was
+    when the store came back (0-2 s later), so the test holds that moment
+    open: for 2 s after the outage it deletes the owner's key as fast as the
+    owner writes it, as a slow owner would leave it missing."""
+    replicas = start_replicas(store_hop.url, **REPLICA_ENV)
+    a, b = replicas.gateways["a"], replicas.gateways["b"]
+    # 15 s, live through the outage; a token every 1.5 s, far longer than b's
+    # blocking read of the log (1/3 s), so b asks after the owner between tokens.
+    tokens = 10
+    stream_id = create(http, a, tokens=tokens, gap_ms=1500)
+    events: list[Event] = []
+
+    def read_on_b() -> None:
+        """From the last event seen until the end: a 503 or an `error` without
+        an id (the store is down) is not the end; reconnect, as an EventSource."""
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            headers = {"Last-Event-ID": events[-1].id} if events else {}
+            with contextlib.suppress(httpx.HTTPError), http.stream(
+                    "GET", f"{b}/v1/streams/{stream_id}/events", headers=headers) as response:
+                decoder = SSEDecoder()
+                for chunk in response.iter_bytes() if response.status_code == 200 else ():
+                    for item in decoder.feed(chunk):
+                        # An event without an `id:` keeps the last one (the
+                        # SSE rule): the store's `error` is such, and no end.
+                        if isinstance(item, Event) and (not events or item.id != events[-1].id):
+                            events.append(item)
+                            if item.event in TERMINAL:
+                                return
+            time.sleep(0.1)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(read_on_b)
+        wait_for(lambda: len(events) >= 2, 10.0, "b's reader under way")
+        store_hop.toxiproxy.add_toxic("store", Toxic("timeout", {"timeout": 0}, "upstream"))
+        try:
+            # The outage: long enough for the owner's control loop to be deep in
+            # its reconnect backoff (0.8-1.6 s) when the store is back, so its
+            # key comes back after a reader elsewhere first looks for it.
+            time.sleep(6.0)
+        finally:
+            store_hop.toxiproxy.reset()
+        with redis.Redis.from_url(redis_server.url, socket_timeout=1.0) as direct:
+            held_until = time.monotonic() + 2.0
+            while time.monotonic() < held_until:
+                direct.delete(replica_key(KEY_PREFIX, "a"))
+                time.sleep(0.01)
+        reader.result(timeout=60)
+    assert events, "b read nothing"
+    assert events[-1].event == "done", events[-3:]
+    assert seqs(events) == list(range(1, tokens + 2))
+    assert text_of(events) == "".join(token_text(i) for i in range(tokens))
+    # A labelled counter appears once counted: absent is none.
+    reattached = 'streamlab_gateway_resume_takeovers_total{outcome="reattached"}'
+    takeovers = [line for line in http.get(f"{b}/metrics").text.splitlines()
+                 if line.startswith(reattached) and float(line.split()[-1]) > 0]
+    assert not takeovers, f"b took over a stream whose owner was alive: {takeovers}"
+
+
+def wait_for(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.02)
