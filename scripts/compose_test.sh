@@ -156,8 +156,10 @@ fi
 # both (compose.replicas.yaml's STREAMLAB_<NAME>_2_PORT).
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
+# CONSOLE too: a `make up` lab holds lab.env's 8475 (the compose suite never
+# loads the console's page, so nginx's CORS for lab.env's port does not matter).
 names = ["EDGE", "EDGE_H2", "NGINX", "NGINX_H2", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API",
-         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY"]
+         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY", "CONSOLE"]
 replicated = ["GATEWAY", "ENGINE", "ENGINE_METRICS"]
 held = []
 
