@@ -9,8 +9,9 @@
 # Docker-compatible API, on local base images (scripts/compose_images.sh); see
 # ../shared/notes/containers.md for why each step is there.
 #
-# Every host port is a free one picked here, and the project name is unique,
-# so it runs beside a `make up` lab or another run of itself.
+# Every host port but the console's is a free one picked here, and the project
+# name is unique, so it runs beside another run of itself; the console keeps
+# lab.env's port (below), so stop a `make up` lab first.
 # Extra arguments go to pytest (e.g. -k heartbeats).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -156,10 +157,8 @@ fi
 # both (compose.replicas.yaml's STREAMLAB_<NAME>_2_PORT).
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
-# CONSOLE too: a `make up` lab holds lab.env's 8475 (the compose suite never
-# loads the console's page, so nginx's CORS for lab.env's port does not matter).
 names = ["EDGE", "EDGE_H2", "NGINX", "NGINX_H2", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API",
-         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY", "CONSOLE"]
+         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY"]
 replicated = ["GATEWAY", "ENGINE", "ENGINE_METRICS"]
 held = []
 
@@ -185,6 +184,16 @@ for name in replicated:
     print(f"STREAMLAB_{name}_PORT={base}\nSTREAMLAB_{name}_2_PORT={base + 1}")
 EOF
 while IFS='=' read -r name value; do export "$name=$value"; done <"$RUN_DIR/ports.env"
+# The console keeps lab.env's port: nginx's CORS (proxies/nginx/compose.conf,
+# rendered from lab.env) allows the console's page from that origin only, and
+# the console tests load it. A `make up` lab holds the same port: say so.
+console_port=$(sed -n 's/^STREAMLAB_CONSOLE_PORT=//p' lab.env)
+if ! .venv/bin/python -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])))" \
+    "$console_port" 2>/dev/null; then
+  echo "port $console_port (lab.env's console) is in use, probably by a lab from" \
+       "\`make up\`: stop it (\`make down\`), then run this again" >&2
+  exit 1
+fi
 # The settings the local-lab fixture gives engine and gateway (one definition,
 # tests/integration/conftest.py), as env files for compose.yaml's env_file.
 .venv/bin/python - "$RUN_DIR" <<'EOF'
