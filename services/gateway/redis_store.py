@@ -182,14 +182,8 @@ class SharedStream(ResumableStream):
         if not self._store.settings.reattach:
             super()._drained()
             return
-        self._handed_off = True
-        self._disarm()
-        self._lease.abandon_call()  # no explicit Cancel: the generation stays
-        self._lease.close()
         self.mirror.release()
-        self._store.store_metrics.takeovers.labels("handed_off").inc()
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._step_aside("handed_off")
 
     def _superseded(self, exc: EngineError) -> None:
         """Another replica took the stream over and attached to the generation
@@ -204,12 +198,18 @@ class SharedStream(ResumableStream):
             return
         log.warning("stream %s: another replica attached to its generation; stepping aside",
                     self.id)
+        self.mirror.abandon()
+        self._step_aside("superseded")
+
+    def _step_aside(self, outcome: str) -> None:
+        """This replica no longer runs the stream (its log writer was told how
+        to stop): no explicit Cancel, since the generation is, or will be,
+        another replica's; and its readers end with `retry:`."""
         self._handed_off = True
         self._disarm()
-        self._lease.abandon_call()  # the call has ended; the generation is the new owner's
+        self._lease.abandon_call()
         self._lease.close()
-        self.mirror.abandon()
-        self._store.store_metrics.takeovers.labels("superseded").inc()
+        self._store.store_metrics.takeovers.labels(outcome).inc()
         self._changed.set()
         self._changed = asyncio.Event()
 
