@@ -14,7 +14,7 @@ gRPC client over TCP, as the gateway would:
      that, and TTFT including any wait.
 
 Step time, tokens/s and cancels against the batch size: `streamlab bench gpu`
-(streamlab/bench/gpu.py), which grew from this script.
+(streamlab/experiments/bench/gpu.py), which grew from this script.
 
 With no --model it builds a model with random weights (GPT-2 small's body, a
 tokenizer trained here), so nothing is downloaded. On a GPU machine:

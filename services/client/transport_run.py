@@ -6,11 +6,11 @@ latency is the gap between consecutive token arrivals as the client sees them
 (tokens that arrive in one response share a time); total is from the start to
 the moment the client knows the answer is complete. Bytes here are what the
 client's library handed over (bodies, frames); the wire's count, headers and
-all, comes from Toxiproxy (streamlab/bench/probes.py).
+all, comes from Toxiproxy (streamlab/experiments/bench/probes.py).
 
 Each measuring client records its own stream in a TransportRun: grpc_stream,
 ws_stream, polling, and openai_stream's `sse_chat`. What a *scenario*
-measures through the whole lab is the lab tool's (streamlab/scenarios/measures.py).
+measures through the whole lab is the lab tool's (streamlab/experiments/scenarios/measures.py).
 """
 
 from __future__ import annotations

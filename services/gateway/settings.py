@@ -91,7 +91,7 @@ class GatewaySettings(BaseSettings):
     # Whether a request may select a broken behaviour for contrast (the
     # `streamlab` knobs relay=detached_unbounded, engine_errors=swallow,
     # job_ttl_s=0; see openai_api.py). Off unless asked for: a client must not
-    # be able to pick a leak. The lab (streamlab/lab.py, compose.yaml) turns
+    # be able to pick a leak. The lab (streamlab/lab/local.py, compose.yaml) turns
     # it on, since showing them is what it is for.
     allow_broken_modes: bool = False
     # Model name reported in responses and listed by GET /v1/models.
@@ -192,7 +192,7 @@ class GatewaySettings(BaseSettings):
     long_poll_max_s: float = Field(30.0, gt=0)
     # With several gateways, a job lives in the one that started it: its ids
     # begin with this tag (`g2.` + hex), which nginx maps to that gateway alone
-    # (streamlab/nginx.py `job_routes`). Empty: one gateway, plain hex ids.
+    # (streamlab/lab/nginx.py `job_routes`). Empty: one gateway, plain hex ids.
     job_route: str = Field("", pattern=r"^(g[1-9][0-9]*)?$")
 
     @model_validator(mode="after")

@@ -13,9 +13,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamlab.bench.tables import TRANSPORT_COLUMNS, markdown, transport_rows, transports_table
-from streamlab.bench.transports import BENCH_TIMING, run_transports, transport_names
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.experiments.bench.tables import (
+    TRANSPORT_COLUMNS,
+    markdown,
+    transport_rows,
+    transports_table,
+)
+from streamlab.experiments.bench.transports import BENCH_TIMING, run_transports, transport_names
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
 console = Console()
@@ -30,11 +35,11 @@ def _progress() -> Progress:
 
 def _plot_then_json(report: dict[str, Any], plot: Path | None, plotter: str,
                     as_json: bool) -> bool:
-    """Write the report's plot when asked (with streamlab.bench.plot's `plotter`;
+    """Write the report's plot when asked (with streamlab.experiments.bench.plot's `plotter`;
     imported late, matplotlib is slow to load), then print it as JSON when asked.
     True when JSON was the output."""
     if plot is not None:
-        from streamlab.bench import plot as plots
+        from streamlab.experiments.bench import plot as plots
 
         getattr(plots, plotter)(report, plot)
         err.print(f"plot written to {plot}")
@@ -103,8 +108,13 @@ def relay(
                            ] = False,
 ) -> None:
     """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
-    from streamlab.bench.relay import lab_paths, reference_servers, relay_steps, run_relay
-    from streamlab.bench.tables import (
+    from streamlab.experiments.bench.relay import (
+        lab_paths,
+        reference_servers,
+        relay_steps,
+        run_relay,
+    )
+    from streamlab.experiments.bench.tables import (
         RELAY_COLUMNS,
         TARGET_COLUMNS,
         plain_table,
@@ -160,7 +170,7 @@ def slow_readers(
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
     from rich.table import Table
 
-    from streamlab.bench.slow_readers import ReadersRefused, ReadersRun, compare
+    from streamlab.experiments.bench.slow_readers import ReadersRefused, ReadersRun, compare
 
     lab = attached(run_dir)
     if lab.pids is None:
@@ -215,8 +225,8 @@ def cancel(
 
     from rich.table import Table
 
-    from streamlab.bench.cancel import abandon_streams, abandon_under_load
-    from streamlab.bench.scale import lab_settings
+    from streamlab.experiments.bench.cancel import abandon_streams, abandon_under_load
+    from streamlab.experiments.bench.scale import lab_settings
 
     lab = attached(run_dir)
     if background and lab.pids is None:
@@ -274,7 +284,13 @@ def gpu(
 
     from rich.table import Table
 
-    from streamlab.bench.gpu import COLUMNS, DType, GpuBenchOptions, run_gpu_bench, table_rows
+    from streamlab.experiments.bench.gpu import (
+        COLUMNS,
+        DType,
+        GpuBenchOptions,
+        run_gpu_bench,
+        table_rows,
+    )
 
     dtypes = {"auto", "bfloat16", "float16", "float32"}
     if dtype not in dtypes:
@@ -327,8 +343,8 @@ def scale(
     the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
     heartbeat lateness, open files per process."""
-    from streamlab.bench.scale import ScaleCell, run_scale
-    from streamlab.bench.tables import SCALE_COLUMNS, plain_table, scale_rows
+    from streamlab.experiments.bench.scale import ScaleCell, run_scale
+    from streamlab.experiments.bench.tables import SCALE_COLUMNS, plain_table, scale_rows
 
     lab = attached(run_dir)
     if lab.pids is None:
@@ -349,12 +365,12 @@ def scale(
                               run_scale(lab, counts, tokens, step_ms, names, on_cell,
                                         entry=entry))
     if slow_streams:
-        from streamlab.bench.scale_slow import run_slow
+        from streamlab.experiments.bench.scale_slow import run_slow
 
         err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} tokens each ...")
         report["slow"] = run_slow(lab, slow_streams, slow_tokens)
     if plot is not None:
-        from streamlab.bench import plot as plots
+        from streamlab.experiments.bench import plot as plots
 
         target = plot / "scale.png" if plot.suffix != ".png" else plot
         if "cells" in report:
@@ -373,7 +389,7 @@ def scale(
                                   scale_rows(report)))
         console.print(f"break points (inter-chunk p99 > 30 ms): {report['break_points']}")
     if "slow" in report:
-        from streamlab.bench.tables import SLOW_COLUMNS, slow_rows
+        from streamlab.experiments.bench.tables import SLOW_COLUMNS, slow_rows
 
         console.print(plain_table(f"Scale · cell c: {slow_streams} slow streams through the "
                                   "full chain", SLOW_COLUMNS, slow_rows(report["slow"])))
@@ -399,7 +415,7 @@ def load(
     from urllib.parse import urlsplit
 
     from services.client.openai_stream import chat_body
-    from streamlab.bench.load import run_load
+    from streamlab.experiments.bench.load import run_load
 
     target = urlsplit(url or f"{attached(run_dir).edge_url}/v1/chat/completions")
     body = chat_body("load", max_tokens=tokens, prefill_ms=10, token_gap_ms=gap_ms,

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from streamlab import compose_config
-from streamlab.topology import REPO_ROOT
+from streamlab.lab import compose_config
+from streamlab.lab.topology import REPO_ROOT
 
 app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy configs and "
                   "certificates.",

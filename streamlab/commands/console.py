@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from streamlab.topology import Ports
+from streamlab.lab.topology import Ports
 
 app = typer.Typer()
 

@@ -14,13 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.compose import ComposeLab, selected_target
-from streamlab.engine_backend import BackendChoiceError, BackendName, choose
-from streamlab.lab import Lab, LabOptions
-from streamlab.nginx import NginxOptions
-from streamlab.processes import StartError
-from streamlab.target import LabTarget
-from streamlab.topology import REPO_ROOT, Ports, console_url
+from streamlab.lab.compose import ComposeLab, selected_target
+from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
+from streamlab.lab.local import Lab, LabOptions
+from streamlab.lab.nginx import NginxOptions
+from streamlab.lab.processes import StartError
+from streamlab.lab.target import LabTarget
+from streamlab.lab.topology import REPO_ROOT, Ports, console_url
 
 app = typer.Typer()
 console = Console()

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.toxiproxy import ToxiproxyError
+from streamlab.lab.toxiproxy import ToxiproxyError
 
 if TYPE_CHECKING:
-    from streamlab.scenarios import Mode, Outcome, Scenario
-    from streamlab.scenarios.model import Figure
+    from streamlab.experiments.scenarios import Mode, Outcome, Scenario
+    from streamlab.experiments.scenarios.model import Figure
 
 # The catalogue (and the websockets client its measures use) is imported inside
 # the commands: every `streamlab ...` start would otherwise pay for it.
@@ -42,7 +42,7 @@ def list_scenarios(
                        "the default timing).")] = False,
 ) -> None:
     """Every scenario, and what its broken and fixed setups are."""
-    from streamlab.scenarios import CATALOGUE, Timing
+    from streamlab.experiments.scenarios import CATALOGUE, Timing
 
     if as_json:
         print(json.dumps([s.as_json(Timing()) for s in CATALOGUE.values()], indent=2))
@@ -88,9 +88,9 @@ def run_command(
 
     Exits 0 only when every verdict is as expected: the broken setup broke and
     the fixed one worked."""
-    from streamlab.scenarios import CATALOGUE, MODES, run, timing_for
-    from streamlab.scenarios.model import ScenarioUnavailable
-    from streamlab.scenarios.runner import plan_runs
+    from streamlab.experiments.scenarios import CATALOGUE, MODES, run, timing_for
+    from streamlab.experiments.scenarios.model import ScenarioUnavailable
+    from streamlab.experiments.scenarios.runner import plan_runs
 
     if name != "all" and name not in CATALOGUE:
         err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(CATALOGUE)}, all")

@@ -13,9 +13,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, attached
-from streamlab.soak import SoakReport, soak
-from streamlab.soak_verdict import BROKEN, SELF_TEST
-from streamlab.target import LabTarget
+from streamlab.experiments.soak import SoakReport, soak
+from streamlab.experiments.soak_verdict import BROKEN, SELF_TEST
+from streamlab.lab.target import LabTarget
 
 app = typer.Typer()
 console = Console()

@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.topology import HOP_NAMES, is_hop_name
-from streamlab.toxiproxy import (
+from streamlab.lab.topology import HOP_NAMES, is_hop_name
+from streamlab.lab.toxiproxy import (
     DIRECTIONS,
     TOXIC_TYPES,
     Direction,

@@ -1,6 +1,6 @@
 """The console's control API (`/api`): what the page may not do from the browser.
 
-Toxics and hops go through the lab's own Toxiproxy client (streamlab/toxiproxy.py,
+Toxics and hops go through the lab's own Toxiproxy client (streamlab/lab/toxiproxy.py,
 validated by the same `parse_attributes` as `streamlab toxic add`); engine
 counters and generation records through the same `engine_stats` as
 `streamlab status` (GetStats, straight to the engine); the gateway's figures
@@ -27,11 +27,11 @@ from pydantic import BaseModel, Field
 from streamlab.console import presets
 from streamlab.console.metrics import gateway_figures
 from streamlab.console.settings import ConsoleSettings
-from streamlab.endpoints import engine_stats
-from streamlab.generation_end import state_name
-from streamlab.scenarios import MODES, Mode
-from streamlab.topology import HOP_NAMES, is_hop_name
-from streamlab.toxiproxy import (
+from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.scenarios import MODES, Mode
+from streamlab.lab.endpoints import engine_stats
+from streamlab.lab.topology import HOP_NAMES, is_hop_name
+from streamlab.lab.toxiproxy import (
     TOXIC_TYPES,
     Direction,
     Toxic,

@@ -8,7 +8,7 @@ import sys
 import httpx
 
 from streamlab.console.settings import ConsoleSettings
-from streamlab.topology import Ports
+from streamlab.lab.topology import Ports
 
 
 def main() -> int:

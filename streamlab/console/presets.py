@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlab.scenarios import CATALOGUE, MODES, Mode, Scenario, Setup, Timing
-from streamlab.scenarios.engine_faults import FAULT_AFTER, FAULT_TOKENS
-from streamlab.scenarios.lifecycle import LEAVE_AFTER, SILENT_PREFILL_MS, job_tokens
-from streamlab.scenarios.model import THINK_AFTER_TOKEN
-from streamlab.toxiproxy import Toxic
+from streamlab.experiments.scenarios import CATALOGUE, MODES, Mode, Scenario, Setup, Timing
+from streamlab.experiments.scenarios.engine_faults import FAULT_AFTER, FAULT_TOKENS
+from streamlab.experiments.scenarios.lifecycle import LEAVE_AFTER, SILENT_PREFILL_MS, job_tokens
+from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN
+from streamlab.lab.toxiproxy import Toxic
 
 # The page's transports (static/console.js has one driver per name).
 TRANSPORTS = ("eventsource", "sse-fetch", "websocket", "long-poll", "poll")
@@ -36,7 +36,7 @@ MEASURE_TRANSPORTS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_TRANSPORTS = ("eventsource", "sse-fetch")
 
-# The engine-hop faults of streamlab/scenarios/engine_faults.py (FAULTS), as
+# The engine-hop faults of streamlab/experiments/scenarios/engine_faults.py (FAULTS), as
 # toxics the page adds through the control API, or the hop disabled.
 ENGINE_FAULT_TOXICS: dict[str, tuple[Toxic, ...]] = {
     "reset_peer": (Toxic("reset_peer", {"timeout": 0}),),

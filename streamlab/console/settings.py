@@ -10,8 +10,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from streamlab.endpoints import Endpoints
-from streamlab.topology import Ports, edge_url
+from streamlab.lab.endpoints import Endpoints
+from streamlab.lab.topology import Ports, edge_url
 
 
 class ConsoleSettings(BaseSettings):
@@ -30,7 +30,7 @@ class ConsoleSettings(BaseSettings):
     edge_url: str
     toxiproxy_url: str
     # Hops served by another Toxiproxy process than toxiproxy_url's: hop → API URL
-    # (the lab runs two; streamlab/topology.py). As an env var, a JSON object.
+    # (the lab runs two; streamlab/lab/topology.py). As an env var, a JSON object.
     toxiproxy_routes: dict[str, str] = {}
     engine_target: str  # host:port of the engine itself (GetStats), past every proxy
     gateway_url: str  # the gateway itself, for its /metrics

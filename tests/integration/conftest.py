@@ -19,14 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
-from streamlab import processes
-from streamlab.compose import ComposeLab, selected_target
-from streamlab.lab import Lab, LabOptions
-from streamlab.nginx import NginxOptions
-from streamlab.processes import ServiceSpec
-from streamlab.target import LabTarget
-from streamlab.topology import REPO_ROOT, Ports
-from streamlab.toxiproxy import Toxic, Toxiproxy
+from streamlab.lab import processes
+from streamlab.lab.compose import ComposeLab, selected_target
+from streamlab.lab.local import Lab, LabOptions
+from streamlab.lab.nginx import NginxOptions
+from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.target import LabTarget
+from streamlab.lab.topology import REPO_ROOT, Ports
+from streamlab.lab.toxiproxy import Toxic, Toxiproxy
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from streamlab.generation_end import Stats, wait_for_end
-from streamlab.lab import Lab
+from streamlab.experiments.generation_end import Stats, wait_for_end
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 

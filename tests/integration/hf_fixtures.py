@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.lab import Lab, LabOptions
+from streamlab.lab.local import Lab, LabOptions
 from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports
 
 HF_MISSING = ("the hf extra (torch, transformers) is not installed: "

@@ -20,12 +20,12 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamlab import processes
-from streamlab.endpoints import engine_stats
-from streamlab.lab import find_toxiproxy
-from streamlab.processes import ServiceSpec
-from streamlab.topology import REPO_ROOT
-from streamlab.toxiproxy import Toxiproxy
+from streamlab.lab import processes
+from streamlab.lab.endpoints import engine_stats
+from streamlab.lab.local import find_toxiproxy
+from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.topology import REPO_ROOT
+from streamlab.lab.toxiproxy import Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, free_ports
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from services.client.openai_stream import chat_body
-from streamlab import processes
-from streamlab.lab import Lab
+from streamlab.lab import processes
+from streamlab.lab.local import Lab
 from tests.integration.conftest import start_extra_gateway
 
 pytestmark = pytest.mark.integration

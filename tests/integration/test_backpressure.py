@@ -11,9 +11,9 @@ import pytest
 
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
-from streamlab.bench import slow_readers
-from streamlab.lab import Lab
-from streamlab.toxiproxy import Toxic
+from streamlab.experiments.bench import slow_readers
+from streamlab.lab.local import Lab
+from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_SEND_TIMEOUT_S
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.gateway.openai_api import ChatCompletionRequest, StreamlabOptions
-from streamlab.target import LabTarget
+from streamlab.lab.target import LabTarget
 from tests.integration.bad_input_cases import Case, Outcome, Target, catalogue
 
 pytestmark = [

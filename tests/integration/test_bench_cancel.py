@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from streamlab.target import LabTarget
+from streamlab.lab.target import LabTarget
 
 pytestmark = pytest.mark.integration
 

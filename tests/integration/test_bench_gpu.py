@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.topology import REPO_ROOT
+from streamlab.lab.topology import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

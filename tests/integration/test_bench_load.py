@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from services.client.openai_stream import chat_body
-from streamlab.bench.load import run_load
-from streamlab.target import LabTarget
+from streamlab.experiments.bench.load import run_load
+from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

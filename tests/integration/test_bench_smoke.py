@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from streamlab.bench.tables import relay_rows, target_rows, transport_rows
-from streamlab.lab import Lab
-from streamlab.topology import REPO_ROOT
+from streamlab.experiments.bench.tables import relay_rows, target_rows, transport_rows
+from streamlab.lab.local import Lab
+from streamlab.lab.topology import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.lab import Lab
+from streamlab.lab.local import Lab
 from tests.integration.conftest import ExtraGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

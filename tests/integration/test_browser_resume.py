@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from services.engine.backends.fake import token_text
-from streamlab.browser import Page, chromium_page, find_chromium
-from streamlab.lab import Lab
+from streamlab.experiments.browser import Page, chromium_page, find_chromium
+from streamlab.lab.local import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -22,8 +22,8 @@ import pytest
 
 from services.client.openai_stream import chat_body
 from services.engine.backends.fake import token_text
-from streamlab.bench.load import run_load
-from streamlab.lab import Lab, LabOptions
+from streamlab.experiments.bench.load import run_load
+from streamlab.lab.local import Lab, LabOptions
 from tests.integration.conftest import free_lab_ports
 
 STREAMS = 1200

@@ -31,10 +31,10 @@ import httpx
 import pytest
 
 from services.engine.backends.fake import token_text
-from streamlab.browser import Page, chromium_page, find_chromium
-from streamlab.scenarios import CATALOGUE, MODES
-from streamlab.target import LabTarget
-from streamlab.topology import HOP_NAMES, REPO_ROOT, console_url
+from streamlab.experiments.browser import Page, chromium_page, find_chromium
+from streamlab.experiments.scenarios import CATALOGUE, MODES
+from streamlab.lab.target import LabTarget
+from streamlab.lab.topology import HOP_NAMES, REPO_ROOT, console_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.lab import Lab
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_ENGINE_IDLE_S, ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end

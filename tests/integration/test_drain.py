@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
-from streamlab.lab import Lab
-from streamlab.processes import pid_alive
+from streamlab.lab.local import Lab
+from streamlab.lab.processes import pid_alive
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_DRAIN_GRACE_S
 from tests.integration.engine_probe import wait_for_generation_end

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from services.client.openai_stream import chat_body
-from streamlab.target import LabTarget
+from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

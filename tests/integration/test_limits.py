@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from services.client.openai_stream import chat_body
-from streamlab.lab import Lab
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.integration.conftest import (

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.target import LabTarget
+from streamlab.lab.target import LabTarget
 from tests.integration.engine_probe import ended
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

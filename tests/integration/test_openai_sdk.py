@@ -11,8 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from streamlab.lab import Lab
-from streamlab.toxiproxy import Toxiproxy
+from streamlab.lab.local import Lab
+from streamlab.lab.toxiproxy import Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
 

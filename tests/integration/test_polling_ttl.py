@@ -20,7 +20,7 @@ import pytest
 
 from services.client.openai_stream import chat_body
 from services.client.polling import short_poll
-from streamlab.lab import Lab
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end

@@ -29,9 +29,9 @@ from services.engine.backends.fake import token_text
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import EngineError
 from services.gateway.settings import GatewaySettings
-from streamlab import processes
-from streamlab.processes import ServiceSpec
-from streamlab.topology import REPO_ROOT
+from streamlab.lab import processes
+from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.integration.conftest import free_ports

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from services.engine.backends.fake import token_text
-from streamlab import processes
-from streamlab.generation_end import wait_for_end
+from streamlab.experiments.generation_end import wait_for_end
+from streamlab.lab import processes
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.sse import Event, SSEDecoder
 from tests.integration.redis_fixtures import RedisServer, Replicas, StartReplicas, create_stream

@@ -22,9 +22,9 @@ import pytest
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import create_stream
-from streamlab.lab import Lab, LabOptions
-from streamlab.nginx import NginxOptions
-from streamlab.scenarios.replica_lab import free_ports
+from streamlab.experiments.scenarios.replica_lab import free_ports
+from streamlab.lab.local import Lab, LabOptions
+from streamlab.lab.nginx import NginxOptions
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration import test_replica_loss as loss
 from tests.integration.conftest import (

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from services.engine.backends.fake import token_text
-from streamlab.lab import Lab
-from streamlab.toxiproxy import Toxic, Toxiproxy
+from streamlab.lab.local import Lab
+from streamlab.lab.toxiproxy import Toxic, Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.sse import Comment, SSEDecoder
 from tests.integration.conftest import TEST_HEARTBEAT_S

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from services.client.resume_stream import create_stream, follow_stream
-from streamlab.lab import Lab, LabOptions
+from streamlab.lab.local import Lab, LabOptions
 from streamlab_protocol.sse import Comment, SSEDecoder
 from tests.integration.conftest import free_lab_ports
 

@@ -25,9 +25,9 @@ import redis
 from services.engine.backends.fake import token_text
 from services.gateway.redis_keys import replica_key
 from services.gateway.redis_store import KEY_PREFIX
-from streamlab import processes
-from streamlab.generation_end import wait_for_end
-from streamlab.toxiproxy import Toxic
+from streamlab.experiments.generation_end import wait_for_end
+from streamlab.lab import processes
+from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.sse import Event, SSEDecoder
 from tests.integration.redis_fixtures import (

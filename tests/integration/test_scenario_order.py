@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.scenarios import CATALOGUE, run, timing_for
-from streamlab.target import LabTarget
+from streamlab.experiments.scenarios import CATALOGUE, run, timing_for
+from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

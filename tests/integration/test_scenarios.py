@@ -1,7 +1,7 @@
 """Every scenario of the catalogue, in both modes, against the real lab.
 
 One test per scenario and mode, driven from the data in
-streamlab/scenarios/catalogue.py: a new scenario there is a new pair of tests
+streamlab/experiments/scenarios/catalogue.py: a new scenario there is a new pair of tests
 here. Each test asserts two things:
 
 1. the mode's own checks hold on what was measured (the broken setup really
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.scenarios import CATALOGUE, MODES, Mode, Scenario, run, timing_for
-from streamlab.scenarios.model import ScenarioUnavailable
-from streamlab.target import LabTarget
+from streamlab.experiments.scenarios import CATALOGUE, MODES, Mode, Scenario, run, timing_for
+from streamlab.experiments.scenarios.model import ScenarioUnavailable
+from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -1,14 +1,14 @@
 """The chaos soak on the real topology, and its self-test: against each broken
 thing it guards against, the soak's verdict fails, on the check named for it
-(streamlab/soak_verdict.py SELF_TEST; docs/scenarios.md has a large run)."""
+(streamlab/experiments/soak_verdict.py SELF_TEST; docs/scenarios.md has a large run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamlab.soak import soak, soak_broken
-from streamlab.soak_verdict import SELF_TEST, BrokenThing
-from streamlab.target import LabTarget
+from streamlab.experiments.soak import soak, soak_broken
+from streamlab.experiments.soak_verdict import SELF_TEST, BrokenThing
+from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

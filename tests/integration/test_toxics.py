@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.cli import app
-from streamlab.lab import Lab, find_toxiproxy
-from streamlab.toxiproxy import TOXIC_TYPES, Toxic, Toxiproxy
+from streamlab.lab.local import Lab, find_toxiproxy
+from streamlab.lab.toxiproxy import TOXIC_TYPES, Toxic, Toxiproxy
 from tests.integration.conftest import AddToxic
 
 pytestmark = pytest.mark.integration

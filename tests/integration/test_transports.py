@@ -26,7 +26,7 @@ from services.client.transport_run import TransportRun
 from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from services.gateway.settings import GatewaySettings
-from streamlab.lab import Lab
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
 

@@ -20,8 +20,8 @@ import pytest
 from services.client.openai_stream import chat_body, sse_chat
 from services.client.polling import long_poll, short_poll
 from services.client.ws_stream import ws_chat
-from streamlab.bench.probes import WireBytes, WireMeter
-from streamlab.lab import Lab
+from streamlab.experiments.bench.probes import WireBytes, WireMeter
+from streamlab.lab.local import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

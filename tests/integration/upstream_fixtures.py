@@ -21,11 +21,11 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamlab import processes
-from streamlab.endpoints import engine_stats
-from streamlab.lab import Lab, LabOptions
-from streamlab.processes import Running, ServiceSpec
-from streamlab.topology import REPO_ROOT
+from streamlab.lab import processes
+from streamlab.lab.endpoints import engine_stats
+from streamlab.lab.local import Lab, LabOptions
+from streamlab.lab.processes import Running, ServiceSpec
+from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports, free_ports
 

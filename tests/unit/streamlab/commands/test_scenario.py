@@ -8,7 +8,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from streamlab.cli import app
-from streamlab.scenarios import CATALOGUE, MODES, Timing
+from streamlab.experiments.scenarios import CATALOGUE, MODES, Timing
 
 
 def catalogue_json() -> list[dict[str, Any]]:

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 import streamlab.commands.scenario as scenario_command
-import streamlab.scenarios as scenarios
+import streamlab.experiments.scenarios as scenarios
 from streamlab.cli import app
-from streamlab.scenarios import CATALOGUE, MODES, Check, Outcome, Scenario, Timing
-from streamlab.scenarios.runner import CheckResult, plan_runs
+from streamlab.experiments.scenarios import CATALOGUE, MODES, Check, Outcome, Scenario, Timing
+from streamlab.experiments.scenarios.runner import CheckResult, plan_runs
 
 RUNS = len(CATALOGUE) * len(MODES)
 

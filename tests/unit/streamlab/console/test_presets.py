@@ -6,8 +6,8 @@ import pytest
 
 from services.gateway.openai_api import StreamlabOptions
 from streamlab.console import presets
-from streamlab.scenarios import CATALOGUE, MODES, Timing
-from streamlab.toxiproxy import TOXIC_TYPES
+from streamlab.experiments.scenarios import CATALOGUE, MODES, Timing
+from streamlab.lab.toxiproxy import TOXIC_TYPES
 
 
 def test_every_scenario_has_a_broken_and_a_fixed_preset() -> None:

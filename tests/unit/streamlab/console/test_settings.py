@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamlab.console.settings import ConsoleSettings
-from streamlab.topology import Ports
+from streamlab.lab.topology import Ports
 
 
 def test_addresses_come_from_the_ports() -> None:

@@ -1,0 +1,149 @@
+"""`streamlab bench cancel`'s load: open many streams, leave each after a few
+tokens, then ask the engine when it saw each cancel and what it wasted.
+
+Cancel latency is `engine cancelled_at - client left_at`, both CLOCK_MONOTONIC
+on one machine. Wasted tokens are the engine's `tokens_after_cancel` (decode
+steps run after the cancel reached it) plus tokens generated after the client
+left but before the cancel arrived (the relay's lag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from services.client.openai_stream import chat_body, stream_chat
+from streamlab.experiments.generation_end import wait_for_end
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+
+BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
+
+
+@dataclass
+class AbandonReport:
+    streams: int
+    cancelled: int
+    still_running: int
+    latencies_ms: list[float] = field(default_factory=list)
+    tokens_after_cancel: int = 0
+    tokens_after_leaving: int = 0
+    # With `background`: the streams that ran meanwhile (load.LoadResult.as_json).
+    background: dict[str, object] | None = None
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+
+    @property
+    def passed(self) -> bool:
+        """Every stream's cancel reached the engine, and nothing runs on."""
+        return self.still_running == 0 and self.cancelled == self.streams
+
+    def figures(self) -> dict[str, object]:
+        return {
+            "streams": self.streams, "cancelled": self.cancelled,
+            "still_running": self.still_running,
+            "cancel_latency_p50_ms": round(self.p50_ms, 1),
+            "cancel_latency_p99_ms": round(self.percentile(0.99), 1),
+            "cancel_latency_max_ms": round(max(self.latencies_ms, default=float("nan")), 1),
+            "tokens_after_cancel": self.tokens_after_cancel,
+            "tokens_after_client_left": self.tokens_after_leaving,
+            **({"background_streams": self.background["streams"],
+                "background_completed": self.background["completed"],
+                "background_errors": self.background["errors"]}
+               if self.background is not None else {}),
+        }
+
+
+async def abandon_streams(
+    url: str,
+    stats: Callable[[str], pb.GetStatsResponse],
+    streams: int = 200,
+    concurrency: int = 20,
+    gap_ms: int = 20,
+    seed: int = 1,
+    progress: Callable[[], None] | None = None,
+) -> AbandonReport:
+    rng = random.Random(seed)
+    plan = [(f"abandon-{uuid.uuid4().hex[:10]}", rng.randint(1, 8)) for _ in range(streams)]
+    left: dict[str, tuple[float, int]] = {}
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(http: httpx.AsyncClient, rid: str, after: int) -> None:
+        async with limit:
+            body = chat_body("abandon me", prefill_ms=20, token_gap_ms=gap_ms,
+                             answer_tokens=after + 200)
+            result = await stream_chat(http, url, body, headers={"X-Request-Id": rid},
+                                       stop_after_tokens=after)
+            if result.left_at is not None:
+                left[rid] = (result.left_at, len(result.texts))
+            if progress is not None:
+                progress()
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0),
+                                 limits=httpx.Limits(max_connections=concurrency)) as http:
+        await asyncio.gather(*(one(http, rid, after) for rid, after in plan))
+
+    report = AbandonReport(streams=streams, cancelled=0, still_running=0)
+    deadline = time.monotonic() + 10  # for all of them together
+    for rid, (left_at, _) in left.items():
+        record = await asyncio.to_thread(wait_for_end, stats, rid,
+                                         max(0.0, deadline - time.monotonic()))
+        if record is None:
+            continue
+        if record.state == pb.GENERATION_STATE_RUNNING:
+            report.still_running += 1
+            continue
+        if record.state == pb.GENERATION_STATE_CANCELLED:
+            report.cancelled += 1
+            report.latencies_ms.append((record.cancelled_at - left_at) * 1000)
+        report.tokens_after_cancel += record.tokens_after_cancel
+        report.tokens_after_leaving += max(0, record.tokens_generated - left[rid][1])
+    return report
+
+
+async def abandon_under_load(
+    url: str,
+    stats: Callable[[str], pb.GetStatsResponse],
+    host: str,
+    port: int,
+    background: int,
+    streams: int = 200,
+    concurrency: int = 20,
+    gap_ms: int = 20,
+    progress: Callable[[], None] | None = None,
+) -> AbandonReport:
+    """abandon_streams while `background` other streams run through the same chain
+    (issue 15's P5: cancel latency with 1,000 streams running). The background
+    streams are slow (a token a second, the raw-socket load generator: it costs
+    the machine little beyond what the chain spends on them), all open before
+    the first stream is abandoned, and last past the last one."""
+    from streamlab.experiments.bench.load import run_load
+
+    ramp_s = min(10.0, max(2.0, background / 200))
+    # Long enough for the ramp, the abandoned streams (generously: a loaded
+    # machine), and the wait for their records.
+    answer_tokens = int(ramp_s + 30 + streams * 0.5 / concurrency) + 1
+    body = chat_body("background", max_tokens=answer_tokens, prefill_ms=0,
+                     token_gap_ms=BACKGROUND_GAP_MS, answer_tokens=answer_tokens)
+    load = asyncio.create_task(run_load(
+        host, port, "/v1/chat/completions", body, streams=background, ramp_s=ramp_s,
+        timeout_s=ramp_s + answer_tokens * 3 + 60))
+    await asyncio.sleep(ramp_s + 1.0)  # every background stream open (the ramp, then a second)
+    report = await abandon_streams(url, stats, streams=streams, concurrency=concurrency,
+                                   gap_ms=gap_ms, progress=progress)
+    report.background = (await load).as_json()
+    return report

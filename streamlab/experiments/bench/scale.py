@@ -1,0 +1,212 @@
+"""`streamlab bench scale`: how many paced streams the full chain keeps on cadence,
+and where each token's CPU goes.
+
+    a) cadence   N streams at a 20 ms step through the full chain (client ─▶ edge
+                 ─▶ nginx ─▶ upstream ─▶ gateway ─▶ engine hop ─▶ engine), or
+                 entering at nginx or the gateway (`entry`), N swept
+                 (10, 50, 100, 200, 400, ...) until inter-chunk p99 passes 30 ms;
+                 the engine's batched clock and per-stream timers side by side,
+                 interleaved N by N so that load from elsewhere lands on both
+    b) CPU       µs of CPU per token for each process on the path, read from
+                 /proc/PID/task/*/schedstat around each cell: the client (this
+                 process: the raw-socket load generator), Toxiproxy (two processes:
+                 "toxiproxy" with the edge hops, "toxiproxy-backend" with upstream
+                 and engine), nginx (master and workers), gateway, engine
+    c) slow      5,000 slow streams at once (streamlab/experiments/bench/scale_slow.py)
+
+The clock is the engine's setting (STREAMLAB_FAKE_CLOCK), so the bench restarts
+the engine to switch it, and raises the engine's and gateway's stream caps to
+the sweep's largest N (the defaults would refuse the load it means to
+measure); every setting it changed is put back at the end. That needs a lab
+this tool started (`streamlab up`): a compose lab's services are compose's.
+Figures, never assertions; the load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+from services.client.openai_stream import chat_body
+from streamlab.experiments.bench.load import LoadResult, run_load
+from streamlab.experiments.bench.probes import CpuMeter, CpuReading
+from streamlab.lab.target import LabTarget, MissingCapability, pids_of
+
+SWEEP = (10, 50, 100, 200, 400)
+CLOCKS = ("batched", "per_stream")
+TARGET_ICL_P99_MS = 30.0
+TARGET_ICL_P50_MS = (19.0, 21.0)
+# Processes on the path, in the order a token crosses them (client last).
+PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx", "client")
+
+
+class ProcessTreeMeter:
+    """CPU of a process and its children (nginx's workers), summed per thread."""
+
+    def __init__(self, pid: int) -> None:
+        self._pids = [pid]
+        with contextlib.suppress(psutil.Error):
+            self._pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        self._meters = [CpuMeter(p) for p in self._pids]
+
+    def read(self) -> list[CpuReading | None]:
+        return [m.read() for m in self._meters]
+
+    @staticmethod
+    def ms_between(before: list[CpuReading | None], after: list[CpuReading | None]
+                   ) -> float | None:
+        total, seen = 0.0, False
+        for b, a in zip(before, after, strict=True):
+            if b is not None and a is not None:
+                total += a.seconds_since(b) * 1000
+                seen = True
+        return total if seen else None
+
+
+@dataclass
+class ScaleCell:
+    clock: str
+    streams: int
+    load: LoadResult
+    cpu_ms: dict[str, float | None] = field(default_factory=dict)
+    loadavg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # Tokens per engine step (the batched clock's mean batch; None: per-stream timers).
+    mean_batch: float | None = None
+
+    def us_per_token(self) -> dict[str, float | None]:
+        tokens = self.load.tokens
+        return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
+                for name, ms in self.cpu_ms.items()}
+
+    def on_cadence(self) -> bool:
+        icl = self.load.icl_ms
+        return (self.load.completed == self.streams and bool(icl)
+                and icl["p99"] <= TARGET_ICL_P99_MS)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"clock": self.clock, "streams": self.streams, **self.load.as_json(),
+                "cpu_ms": self.cpu_ms, "us_per_token": self.us_per_token(),
+                "loadavg": list(self.loadavg), "on_cadence": self.on_cadence(),
+                "mean_batch": None if self.mean_batch is None else round(self.mean_batch, 1)}
+
+
+@contextlib.contextmanager
+def lab_settings(lab: LabTarget, largest: int) -> Iterator[Callable[[str], None]]:
+    """Raise the caps for `largest` streams; yield a function that puts the engine
+    on a clock (restarting it when it changes); restore everything at the end."""
+    from streamlab.lab.local import Lab
+
+    if not isinstance(lab, Lab):
+        raise MissingCapability("pids", "bench scale restarts the engine to switch clocks")
+    engine_env, gateway_env = lab.options.engine_env, lab.options.gateway_env
+    saved = dict(engine_env), dict(gateway_env)
+    caps = str(largest + 16)
+    wanted_gateway = {"STREAMLAB_GATEWAY_MAX_STREAMS": caps,
+                      "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": caps}
+    wanted_engine = {"STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": caps,
+                     "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": caps}
+    try:
+        if any(gateway_env.get(k) != v for k, v in wanted_gateway.items()):
+            gateway_env.update(wanted_gateway)
+            lab.stop_service("gateway")
+            lab.start_service("gateway")
+        engine_env.update(wanted_engine)
+        current: list[str | None] = [None]
+
+        def use_clock(clock: str) -> None:
+            if current[0] == clock:
+                return
+            engine_env["STREAMLAB_FAKE_CLOCK"] = clock
+            lab.stop_service("engine")
+            lab.start_service("engine")
+            current[0] = clock
+
+        yield use_clock
+    finally:
+        changed_gateway = gateway_env != saved[1]
+        engine_env.clear()
+        engine_env.update(saved[0])
+        gateway_env.clear()
+        gateway_env.update(saved[1])
+        lab.stop_service("engine")
+        lab.start_service("engine")
+        if changed_gateway:
+            lab.stop_service("gateway")
+            lab.start_service("gateway")
+
+
+# Where the streams enter: the full chain, or past its first hops (P2 asks for
+# the break point "via nginx alone" beside the full chain's).
+ENTRIES = ("edge", "nginx", "gateway")
+
+
+def entry_url(lab: LabTarget, entry: str) -> str:
+    return {"edge": lab.edge_url, "nginx": lab.nginx_url, "gateway": lab.gateway_url}[entry]
+
+
+def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms: int,
+                 entry: str = "edge") -> ScaleCell:
+    pids = pids_of(lab, "bench scale reads each process's CPU")
+    meters: dict[str, ProcessTreeMeter] = {
+        name: ProcessTreeMeter(pids[name]) for name in PROCESSES if name in pids}
+    edge = urlsplit(entry_url(lab, entry))
+    body = chat_body("scale", max_tokens=tokens, prefill_ms=10, token_gap_ms=step_ms,
+                     answer_tokens=tokens, heartbeat_s=0)
+    steps_before = lab.engine_stats().load
+    host, port = edge.hostname or "127.0.0.1", edge.port or 80
+    # Unrecorded warm-up: fresh keep-alives and channels after a restart are not the cell.
+    warm = chat_body("warm", max_tokens=5, prefill_ms=0, token_gap_ms=step_ms, answer_tokens=5)
+    asyncio.run(run_load(host, port, "/v1/chat/completions", warm, streams=min(streams, 20),
+                         ramp_s=0.1, timeout_s=30))
+    before = {name: meter.read() for name, meter in meters.items()}
+    load = asyncio.run(run_load(host, port, "/v1/chat/completions", body, streams=streams,
+                                timeout_s=60 + tokens * step_ms / 1000 * 4))
+    after = {name: meter.read() for name, meter in meters.items()}
+    cpu: dict[str, float | None] = {
+        name: ProcessTreeMeter.ms_between(before[name], after[name]) for name in meters}
+    cpu["client"] = load.client_cpu_ms
+    steps_after = lab.engine_stats().load
+    steps = steps_after.decode_steps - steps_before.decode_steps
+    batch = (steps_after.decode_step_tokens - steps_before.decode_step_tokens) / steps \
+        if steps else None
+    return ScaleCell(clock, streams, load, cpu, os.getloadavg(), batch)
+
+
+def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
+              step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS,
+              on_cell: Callable[[ScaleCell], None] = lambda cell: None,
+              stop_p99_ms: float = 4 * TARGET_ICL_P99_MS, entry: str = "edge"
+              ) -> dict[str, Any]:
+    """Cell a) with b) read in the same runs. Each N runs every clock in turn.
+    The break point of a clock is the first N whose inter-chunk p99 passes the
+    target; the sweep goes on past it (the curve is the point of the plot) and
+    stops after the N at which every clock is far past it (`stop_p99_ms`), or
+    lost a stream."""
+    cells: list[ScaleCell] = []
+    broken: dict[str, int] = {}
+    with lab_settings(lab, max(sweep)) as use_clock:
+        for streams in sweep:
+            gone = 0
+            for clock in clocks:
+                use_clock(clock)
+                cell = cadence_cell(lab, clock, streams, tokens, step_ms, entry)
+                cells.append(cell)
+                on_cell(cell)
+                if not cell.on_cadence():
+                    broken.setdefault(clock, streams)
+                p99 = cell.load.icl_ms.get("p99", float("inf"))
+                if p99 > stop_p99_ms or cell.load.completed < streams:
+                    gone += 1
+            if gone == len(clocks):
+                break
+    return {"tokens": tokens, "step_ms": step_ms, "sweep": list(sweep), "entry": entry,
+            "target_icl_p99_ms": TARGET_ICL_P99_MS,
+            "break_points": {c: broken.get(c) for c in clocks},
+            "cells": [c.as_json() for c in cells]}

@@ -1,0 +1,157 @@
+"""Silent readers side by side: what N clients that never read cost the gateway,
+with the direct relay (bounded) and the detached one (the classic anti-pattern).
+
+Each client sends a streaming request straight to the gateway and never reads
+(services/client/silent.py); the engine floods (no gap between tokens). While
+they sit there, the gateway's RSS and the engine's per-request counters are
+sampled until every generation has ended: paused by flow control and then
+cut by the send timeout (direct), or run to the end into an unbounded queue
+(detached). Both relays run in one process, one after the other, so their
+ratio is measured on the same machine at the same time of day.
+
+Needs a lab with the `pids` capability (streamlab/lab/target.py): the gateway's
+RSS is read by pid, so a local-process lab (a compose lab's gateway is in a
+container).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from services.client.openai_stream import chat_body
+from services.client.silent import open_silent_reader
+from streamlab.experiments.generation_end import state_name
+from streamlab.lab.target import LabTarget, pids_of
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+
+RELAYS = ("direct", "detached_unbounded")
+SAMPLE_EVERY_S = 0.2
+# Every request reaches the engine within this long, or the run stops and says
+# why (a refused request answers at once; waiting the whole timeout would hide it).
+START_WITHIN_S = 10.0
+
+
+class ReadersRefused(RuntimeError):
+    """Some requests never reached the engine; the message quotes an answer."""
+
+
+@dataclass
+class ReadersRun:
+    relay: str
+    clients: int
+    answer_tokens: int
+    base_rss_mb: float = 0.0
+    peak_rss_mb: float = 0.0
+    end_rss_mb: float = 0.0
+    tokens_generated: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    timed_out: bool = False
+    # (seconds since the first request, gateway RSS MiB, tokens generated so far)
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+
+    @property
+    def growth_mb(self) -> float:
+        return self.peak_rss_mb - self.base_rss_mb
+
+    @property
+    def share_generated(self) -> float:
+        return self.tokens_generated / (self.clients * self.answer_tokens)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"relay": self.relay, "clients": self.clients,
+                "answer_tokens": self.answer_tokens,
+                "base_rss_mb": round(self.base_rss_mb, 1),
+                "peak_rss_mb": round(self.peak_rss_mb, 1),
+                "end_rss_mb": round(self.end_rss_mb, 1),
+                "growth_mb": round(self.growth_mb, 1),
+                "tokens_generated": self.tokens_generated,
+                "share_generated": round(self.share_generated, 3),
+                "states": dict(self.states), "seconds": round(self.seconds, 1),
+                "timed_out": self.timed_out,
+                "samples": [[round(t, 2), round(mb, 1), n] for t, mb, n in self.samples]}
+
+
+def _mb(process: psutil.Process) -> float:
+    return float(process.memory_info().rss) / 2**20
+
+
+def _peek(sock: socket.socket) -> str:
+    """The start of what the gateway answered, without reading it (MSG_PEEK
+    leaves it in the buffer, so the reader stays silent)."""
+    try:
+        sock.settimeout(0.5)
+        return sock.recv(400, socket.MSG_PEEK).decode(errors="replace")
+    except OSError as exc:
+        return f"(nothing: {exc})"
+
+
+def measure(lab: LabTarget, relay: str, clients: int, answer_tokens: int, timeout_s: float = 240.0,
+            on_sample: Callable[[ReadersRun], None] = lambda run: None) -> ReadersRun:
+    """Open `clients` silent readers, sample until every generation has ended
+    (or `timeout_s`), close them, and say what it cost."""
+    gateway = psutil.Process(pids_of(lab, "slow readers weigh the gateway's RSS")["gateway"])
+    run = ReadersRun(relay, clients, answer_tokens)
+    run.base_rss_mb = run.peak_rss_mb = _mb(gateway)
+    body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=answer_tokens,
+                     max_tokens=answer_tokens, relay=relay)
+    tag = uuid.uuid4().hex[:6]
+    ids = [f"readers-{relay}-{tag}-{i}" for i in range(clients)]
+    wanted = set(ids)
+    started = time.monotonic()
+    socks = []
+    try:
+        for rid in ids:
+            socks.append(open_silent_reader(lab.ports.host, lab.ports.gateway_port,
+                                            "/v1/chat/completions", body,
+                                            headers={"X-Request-Id": rid}))
+        deadline = started + timeout_s
+        while True:
+            # One GetStats for all of them (the engine keeps the recent records).
+            records = [r for r in lab.engine_stats().generations if r.request_id in wanted]
+            rss = _mb(gateway)
+            run.peak_rss_mb = max(run.peak_rss_mb, rss)
+            run.tokens_generated = sum(r.tokens_generated for r in records)
+            run.samples.append((time.monotonic() - started, rss, run.tokens_generated))
+            on_sample(run)
+            if len(records) == clients and all(
+                    r.state != pb.GENERATION_STATE_RUNNING for r in records):
+                break
+            if len(records) < clients and time.monotonic() > started + START_WITHIN_S:
+                seen = {r.request_id for r in records}
+                missing = [sock for rid, sock in zip(ids, socks, strict=True) if rid not in seen]
+                raise ReadersRefused(f"{len(missing)} of {clients} requests never reached the "
+                                     f"engine; one was answered: {_peek(missing[0])!r}")
+            if time.monotonic() > deadline:
+                run.timed_out = True
+                break
+            time.sleep(SAMPLE_EVERY_S)
+        run.states = Counter(state_name(r) for r in records)
+    finally:
+        for sock in socks:
+            sock.close()
+    run.seconds = time.monotonic() - started
+    run.end_rss_mb = _mb(gateway)
+    return run
+
+
+def compare(lab: LabTarget, clients: int, answer_tokens: int, timeout_s: float = 240.0,
+            on_sample: Callable[[ReadersRun], None] = lambda run: None) -> dict[str, Any]:
+    runs = [measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
+            for relay in RELAYS]
+    direct, detached = runs
+    return {
+        "clients": clients, "answer_tokens": answer_tokens,
+        "runs": [run.as_json() for run in runs],
+        # Side by side, same run: how much more the anti-pattern costs.
+        "growth_ratio": round(detached.growth_mb / max(direct.growth_mb, 0.1), 1),
+        "tokens_ratio": round(detached.tokens_generated / max(direct.tokens_generated, 1), 1),
+    }

@@ -1,0 +1,143 @@
+"""What a scenario is: data. A name, a setup per mode, what to measure, and
+what "broken" and "fixed" look like as checks on the measured figures.
+
+    Scenario
+      ├── measure        async (lab, setup, timing) -> Figures   (measures.py)
+      ├── broken: Variant(setup, expect=[Check, ...], story)
+      └── fixed:  Variant(setup, expect=[Check, ...], story)
+
+A check names a figure, a comparison and a bound; a bound may be a function
+of the (scaled) timing, so "TTFT ≤ prefill + 2 gaps + tolerance" stays true
+when the time constants change. Adding a scenario is adding one `Scenario(...)`
+to catalogue.py, plus a measure function when none of the existing ones
+records what it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from streamlab.experiments.timing import Timing
+from streamlab.lab.toxiproxy import Toxic
+
+if TYPE_CHECKING:
+    from streamlab.lab.target import LabTarget
+
+Mode = Literal["broken", "fixed"]
+MODES: tuple[Mode, ...] = ("broken", "fixed")
+Figure = float | int | bool | str | None
+Figures = dict[str, Figure]
+
+
+Op = Literal["<", "<=", ">", ">=", "==", "!="]
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
+}
+Bound = float | int | bool | str | None | Callable[[Timing], float]
+
+
+@dataclass(frozen=True)
+class Check:
+    figure: str
+    op: Op
+    bound: Bound
+    why: str = ""
+
+    def limit(self, timing: Timing) -> Figure:
+        return self.bound(timing) if callable(self.bound) else self.bound
+
+    def describe(self, timing: Timing) -> str:
+        limit = self.limit(timing)
+        shown = f"{limit:.3g}" if isinstance(limit, float) else repr(limit)
+        return f"{self.figure} {self.op} {shown}"
+
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        """The check as data; a bound that follows the timing shows its value at `timing`."""
+        return {"figure": self.figure, "op": self.op, "bound": self.limit(timing),
+                "bound_follows_timing": callable(self.bound), "check": self.describe(timing),
+                "why": self.why}
+
+    def holds(self, figures: Mapping[str, Figure], timing: Timing) -> bool:
+        if self.figure not in figures:
+            return False
+        value, limit = figures[self.figure], self.limit(timing)
+        if value is None and self.op not in ("==", "!="):
+            return False  # e.g. no TTFT at all: no ordering claim can hold
+        try:
+            return bool(_OPS[self.op](value, limit))
+        except TypeError:
+            return False
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a mode changes. Per-request knobs and nginx locations only:
+    no service restarts, so a scenario runs against any lab that is up."""
+
+    toxics: tuple[tuple[str, Toxic], ...] = ()  # (hop, toxic)
+    location: str = "/"  # nginx location (see proxies/nginx/nginx.conf.template)
+    accept_encoding: str = "identity"  # "gzip" to let nginx compress
+    heartbeat: Literal["gateway", "off", "on"] = "gateway"  # on = Timing.heartbeat_s
+    think_pause: bool = False  # pause Timing.think_s after token THINK_AFTER_TOKEN
+    # Client read timeout = Timing.watchdog_s; without it the client has none at all.
+    watchdog: bool = False
+    # When the harness gives up on the client and calls it hung: "long" is far past
+    # any plausible end; "short" is three watchdog periods past the expected end,
+    # which is proof enough that a client without a watchdog would wait forever.
+    patience: Literal["long", "short"] = "long"
+    # Settings only one measure function understands (e.g. when to close the
+    # client), so a new scenario family needs no new field here.
+    knobs: Mapping[str, Figure] = field(default_factory=dict)
+    parser: Literal["sse", "naive"] = "sse"  # naive: one event per read (the classic bug)
+    read_pause_s: float = 0.0  # a slow consumer: pause between reads
+
+    def as_json(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "knobs": dict(self.knobs),
+                "toxics": [{"hop": hop, **toxic.as_json()} for hop, toxic in self.toxics]}
+
+
+THINK_AFTER_TOKEN = 2
+
+
+class ScenarioUnavailable(RuntimeError):
+    """This lab or machine cannot run the scenario (no chromium, no HTTP/2 edge):
+    raised by a measure before it measures anything; the tests skip with its reason."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    setup: Setup
+    expect: tuple[Check, ...]
+    story: str
+
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        return {"story": self.story, "setup": self.setup.as_json(),
+                "expect": [check.as_json(timing) for check in self.expect]}
+
+
+Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    measure: Measure
+    broken: Variant
+    fixed: Variant
+    shown: tuple[str, ...] = field(default=())  # figures to show first, in this order
+
+    def variant(self, mode: Mode) -> Variant:
+        return self.broken if mode == "broken" else self.fixed
+
+    def as_json(self, timing: Timing) -> dict[str, Any]:
+        """What the catalogue holds for this scenario (`streamlab scenario list --json`)."""
+        return {"name": self.name, "summary": self.summary, "measure": self.measure.__name__,
+                "shown": list(self.shown),
+                "modes": {mode: self.variant(mode).as_json(timing) for mode in MODES}}

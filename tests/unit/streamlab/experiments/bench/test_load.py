@@ -1,0 +1,80 @@
+"""The load generator's whole parser: count token events per read (a mark split
+across reads counted once), note [DONE], refuse a non-200, and turn arrival
+times into TTFT and inter-chunk figures (tokens in one read are bunched: 0)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streamlab.experiments.bench.load import _Stream, http_request, summarize
+
+pytestmark = pytest.mark.anyio
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+
+
+def event(text: str) -> bytes:
+    return (b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"'
+            + text.encode() + b'"},"finish_reason":null}]}\n\n')
+
+
+FINISH = b'data: {"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_tokens_are_counted_once_even_when_a_mark_straddles_two_reads() -> None:
+    stream = _Stream(b"GET", 0.0)
+    transport = Transport()
+    stream.connection_made(transport)
+    wire = HEAD + event("a") + event("b") + event("c") + FINISH + b"data: [DONE]\n\n"
+    # One byte at a time: every mark is split across reads somewhere.
+    for i in range(len(wire)):
+        stream.data_received(wire[i:i + 1])
+    assert stream.tokens == 3
+    assert stream.finished
+    assert transport.closed
+    assert transport.written == b"GET"
+
+
+async def test_a_refusal_is_an_error_not_a_stream() -> None:
+    stream = _Stream(b"GET", 0.0)
+    stream.connection_made(Transport())
+    stream.data_received(b"HTTP/1.1 429 Too Many Requests\r\n\r\n{}")
+    stream.connection_lost(None)
+    assert stream.error == "HTTP 429"
+    assert stream.tokens == 0
+
+
+async def test_tokens_in_one_read_are_bunched_and_ttft_counts_from_the_request() -> None:
+    stream = _Stream(b"GET", 10.0)
+    stream.arrivals = [(10.1, 1), (10.12, 3)]
+    stream.tokens, stream.finished = 4, True
+    result = summarize([stream], {}, 1, 1.0, 2.0)
+    assert result.completed == 1
+    assert result.ttft_ms["p50"] == pytest.approx(100.0)
+    # gaps: 20 ms to the second read, 0 for the two tokens that came with it
+    assert result.icl_ms["p50"] == pytest.approx(0.0)
+    assert result.icl_ms["p99"] == pytest.approx(19.6, abs=0.01)
+    assert result.client_us_per_token == pytest.approx(500.0)
+
+
+def test_the_request_is_plain_http_1_1_with_a_length() -> None:
+    request = http_request("h", 1, "/v1/chat/completions", {"a": 1})
+    head, body = request.split(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"Content-Length: 7" in head
+    assert body == b'{"a":1}'
