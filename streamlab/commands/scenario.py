@@ -23,8 +23,8 @@ from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
 from streamlab.lab.toxiproxy import ToxiproxyError
 
 if TYPE_CHECKING:
+    from streamlab.experiments.report import Figure
     from streamlab.experiments.scenarios import Mode, Outcome, Scenario
-    from streamlab.experiments.scenarios.model import Figure
 
 # The catalogue (and the websockets client its measures use) is imported inside
 # the commands: every `streamlab ...` start would otherwise pay for it.

@@ -52,9 +52,9 @@ from services.client.silent import open_silent_reader
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.report import Figures
 from streamlab.experiments.scenarios.edge_backpressure import Flood
 from streamlab.experiments.scenarios.measures import LogTail
-from streamlab.experiments.scenarios.model import Figures
 from streamlab.experiments.soak_verdict import (
     BROKEN,
     CheckOutcome,

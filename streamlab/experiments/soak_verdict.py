@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from streamlab.experiments.scenarios.model import Check, Figure, Figures
+from streamlab.experiments.report import Check, Figure, Figures
 from streamlab.experiments.timing import Timing
 
 # Streams whose behaviour is to read the answer to its end, one way or another.

@@ -17,8 +17,9 @@
 The time constants are streamlab/experiments/timing.py's Timing; a lab is any LabTarget.
 """
 
+from streamlab.experiments.report import Check
 from streamlab.experiments.scenarios.catalogue import CATALOGUE
-from streamlab.experiments.scenarios.model import MODES, Check, Mode, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import MODES, Mode, Scenario, Setup, Variant
 from streamlab.experiments.scenarios.runner import Outcome, run, timing_for
 from streamlab.experiments.timing import Timing
 

@@ -4,12 +4,13 @@ measured checks that tell them apart. Data only; measures.py does the work."""
 
 from __future__ import annotations
 
+from streamlab.experiments.report import Check
 from streamlab.experiments.scenarios.edge_backpressure import BACKPRESSURE
 from streamlab.experiments.scenarios.engine_faults import ENGINE_FAULTS
 from streamlab.experiments.scenarios.h2_shared_fate import H2_SHARED_FATE
 from streamlab.experiments.scenarios.lifecycle import LIFECYCLE
 from streamlab.experiments.scenarios.measures import sliced_reads, sse_stream, websocket_chat
-from streamlab.experiments.scenarios.model import Check, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.reconnect_storm import RECONNECT_STORM
 from streamlab.experiments.scenarios.replica_loss import REPLICA_LOSS
 from streamlab.experiments.scenarios.resume import RESUME

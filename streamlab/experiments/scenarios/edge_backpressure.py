@@ -36,15 +36,9 @@ from services.client.silent import open_silent_reader
 from services.engine.settings import EngineSettings
 from streamlab.experiments import socket_queues
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
-from streamlab.experiments.scenarios.model import (
-    Check,
-    Figures,
-    Scenario,
-    ScenarioUnavailable,
-    Setup,
-    Variant,
-)
+from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb

@@ -38,8 +38,9 @@ import httpx
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
-from streamlab.experiments.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab.lab.toxiproxy import Toxic

@@ -29,14 +29,8 @@ import httpx
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from services.engine.backends.fake import token_text
-from streamlab.experiments.scenarios.model import (
-    Check,
-    Figures,
-    Scenario,
-    ScenarioUnavailable,
-    Setup,
-    Variant,
-)
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.seventh_tab import ConnectionCounter
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget

@@ -24,7 +24,8 @@ import httpx
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name, wait_for_end
-from streamlab.experiments.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb

@@ -22,7 +22,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Figures, Setup
+from streamlab.experiments.report import Figures
+from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Setup
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.sse import Event, SSEDecoder

@@ -16,11 +16,11 @@ records what it needs.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from streamlab.experiments.report import Check, Figure, Figures
 from streamlab.experiments.timing import Timing
 from streamlab.lab.toxiproxy import Toxic
 
@@ -29,49 +29,6 @@ if TYPE_CHECKING:
 
 Mode = Literal["broken", "fixed"]
 MODES: tuple[Mode, ...] = ("broken", "fixed")
-Figure = float | int | bool | str | None
-Figures = dict[str, Figure]
-
-
-Op = Literal["<", "<=", ">", ">=", "==", "!="]
-_OPS: dict[str, Callable[[Any, Any], Any]] = {
-    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-    "==": operator.eq, "!=": operator.ne,
-}
-Bound = float | int | bool | str | None | Callable[[Timing], float]
-
-
-@dataclass(frozen=True)
-class Check:
-    figure: str
-    op: Op
-    bound: Bound
-    why: str = ""
-
-    def limit(self, timing: Timing) -> Figure:
-        return self.bound(timing) if callable(self.bound) else self.bound
-
-    def describe(self, timing: Timing) -> str:
-        limit = self.limit(timing)
-        shown = f"{limit:.3g}" if isinstance(limit, float) else repr(limit)
-        return f"{self.figure} {self.op} {shown}"
-
-    def as_json(self, timing: Timing) -> dict[str, Any]:
-        """The check as data; a bound that follows the timing shows its value at `timing`."""
-        return {"figure": self.figure, "op": self.op, "bound": self.limit(timing),
-                "bound_follows_timing": callable(self.bound), "check": self.describe(timing),
-                "why": self.why}
-
-    def holds(self, figures: Mapping[str, Figure], timing: Timing) -> bool:
-        if self.figure not in figures:
-            return False
-        value, limit = figures[self.figure], self.limit(timing)
-        if value is None and self.op not in ("==", "!="):
-            return False  # e.g. no TTFT at all: no ordering claim can hold
-        try:
-            return bool(_OPS[self.op](value, limit))
-        except TypeError:
-            return False
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from services.client.openai_stream import chat_body
-from streamlab.experiments.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.replica_lab import private_lab
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget

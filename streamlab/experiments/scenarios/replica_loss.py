@@ -27,7 +27,8 @@ import httpx
 
 from services.client.openai_stream import chat_body
 from services.engine.backends.fake import token_text
-from streamlab.experiments.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
 from streamlab.experiments.scenarios.resuming_readers import Reader, tally
 from streamlab.experiments.timing import Timing

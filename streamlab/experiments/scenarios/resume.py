@@ -22,7 +22,8 @@ import httpx
 
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
-from streamlab.experiments.scenarios.model import Check, Figures, Scenario, Setup, Variant
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab.lab.toxiproxy import Toxic

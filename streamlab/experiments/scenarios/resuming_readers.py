@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamlab.experiments.scenarios.model import Figures
+from streamlab.experiments.report import Figures
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})

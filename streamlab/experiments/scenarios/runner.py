@@ -17,16 +17,10 @@ from typing import Any
 
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
-from streamlab.experiments.scenarios.model import MODES, Check, Figure, Figures, Mode, Scenario
+from streamlab.experiments.report import CheckResult, Figures, judge
+from streamlab.experiments.scenarios.model import MODES, Mode, Scenario
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    check: Check
-    description: str
-    holds: bool
 
 
 @dataclass
@@ -121,11 +115,6 @@ def _fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
     return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
-def judge(checks: tuple[Check, ...], figures: Mapping[str, Figure], timing: Timing
-          ) -> list[CheckResult]:
-    return [CheckResult(c, c.describe(timing), c.holds(figures, timing)) for c in checks]
-
-
 async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
     variant = scenario.variant(mode)
     other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
@@ -141,6 +130,6 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) ->
             toxiproxy.reset()
     return Outcome(
         scenario=scenario.name, mode=mode, story=variant.story, figures=figures,
-        checks=judge(variant.expect, figures, timing),
-        other_mode_checks=judge(scenario.variant(other).expect, figures, timing),
+        checks=list(judge(variant.expect, figures, timing)),
+        other_mode_checks=list(judge(scenario.variant(other).expect, figures, timing)),
     )

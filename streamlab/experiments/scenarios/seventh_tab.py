@@ -39,14 +39,8 @@ from services.client.openai_stream import chat_body
 from services.client.resume_stream import create_stream
 from streamlab.experiments import socket_queues
 from streamlab.experiments.browser import Browser, Page, chromium, find_chromium, trust_spki_flag
-from streamlab.experiments.scenarios.model import (
-    Check,
-    Figures,
-    Scenario,
-    ScenarioUnavailable,
-    Setup,
-    Variant,
-)
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 

@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 import streamlab.commands.scenario as scenario_command
 import streamlab.experiments.scenarios as scenarios
 from streamlab.cli import app
+from streamlab.experiments.report import CheckResult
 from streamlab.experiments.scenarios import CATALOGUE, MODES, Check, Outcome, Scenario, Timing
-from streamlab.experiments.scenarios.runner import CheckResult, plan_runs
+from streamlab.experiments.scenarios.runner import plan_runs
 
 RUNS = len(CATALOGUE) * len(MODES)
 
@@ -27,7 +28,7 @@ def install(monkeypatch: pytest.MonkeyPatch, wrong: tuple[str, str] | None = Non
             raise TimeoutError("the browser did not answer")
         holds = (scenario.name, mode) != wrong
         return Outcome(scenario.name, mode, "story", {},  # type: ignore[arg-type]
-                       checks=[CheckResult(Check("done", "==", True), "done", holds)])
+                       checks=[CheckResult(Check("done", "==", True), "done", holds, holds)])
 
     monkeypatch.setattr(scenario_command, "attached", lambda run_dir: object())
     monkeypatch.setattr(scenarios, "timing_for", lambda lab, **_: Timing())

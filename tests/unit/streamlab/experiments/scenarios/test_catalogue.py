@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamlab.experiments.report import Figure, judge
 from streamlab.experiments.scenarios import CATALOGUE, MODES, Check, Timing
-from streamlab.experiments.scenarios.model import Figure
-from streamlab.experiments.scenarios.runner import judge
 from streamlab.lab.toxiproxy import TOXIC_TYPES
 
 TIMING = Timing()

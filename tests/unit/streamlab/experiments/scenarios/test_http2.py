@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.client.resume_stream import Connection, ResumeResult
 from services.engine.backends.fake import token_text
+from streamlab.experiments.report import Figures, judge
 from streamlab.experiments.scenarios import Timing
 from streamlab.experiments.scenarios.h2_shared_fate import (
     H2_SHARED_FATE,
@@ -12,8 +13,6 @@ from streamlab.experiments.scenarios.h2_shared_fate import (
     Cut,
     figures_of,
 )
-from streamlab.experiments.scenarios.model import Figures
-from streamlab.experiments.scenarios.runner import judge
 from streamlab.experiments.scenarios.seventh_tab import HOLD_S, SEVENTH_TAB, ConnectionCounter
 
 TIMING = Timing()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services.client.resume_stream import Connection, ResumeResult
+from streamlab.experiments.report import judge
 from streamlab.experiments.scenarios import CATALOGUE, Timing
 from streamlab.experiments.scenarios.resume import BROKEN, FIXED, figures_of
-from streamlab.experiments.scenarios.runner import judge
 
 TEXTS = ["a", "b", "c", "d", "e"]
 
