@@ -32,7 +32,7 @@ from streamlab.lab.toxiproxy import (
     Direction,
     Toxic,
     ToxicSpecError,
-    Toxiproxy,
+    ToxiproxyClient,
     ToxiproxyError,
     parse_attributes,
 )
@@ -61,7 +61,7 @@ def register(root: typer.Typer) -> None:
 
 
 @contextmanager
-def _client(run_dir: Path) -> Iterator[Toxiproxy]:
+def _client(run_dir: Path) -> Iterator[ToxiproxyClient]:
     """The lab's Toxiproxy; its refusals become one red line and exit 1."""
     lab = attached(run_dir)
     try:

@@ -10,7 +10,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from streamlab.lab.endpoints import Endpoints
+from streamlab.lab.endpoints import ServedLab
 from streamlab.lab.topology import Ports, edge_url
 
 
@@ -50,7 +50,7 @@ class ConsoleSettings(BaseSettings):
     @classmethod
     def for_ports(cls, ports: Ports) -> ConsoleSettings:
         """The lab's addresses from its ports, each overridable by STREAMLAB_CONSOLE_*."""
-        lab = Endpoints(ports)
+        lab = ServedLab(ports)
         return cls(host=ports.host, port=ports.console_port, edge_url=edge_url(ports),
                    toxiproxy_url=lab.toxiproxy_url, toxiproxy_routes=lab.toxiproxy_routes(),
                    engine_target=lab.engine_target,

@@ -49,8 +49,6 @@ import psutil
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
-from services.engine.settings import EngineSettings
-from services.gateway.settings import GatewaySettings
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Figures
 from streamlab.experiments.scenarios.edge_backpressure import Flood
@@ -65,7 +63,7 @@ from streamlab.experiments.soak_verdict import (
     judge,
 )
 from streamlab.lab.target import LabTarget, pids_of
-from streamlab.lab.toxiproxy import Toxic, Toxiproxy, ToxiproxyError
+from streamlab.lab.toxiproxy import Toxic, ToxiproxyClient, ToxiproxyError
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 ANSWER_LENGTHS = (20, 60, 120)
@@ -140,8 +138,8 @@ class Bounds:
 
     @classmethod
     def of(cls, lab: LabTarget) -> Bounds:
-        gateway = GatewaySettings(**_fields(lab.options.gateway_env, "STREAMLAB_GATEWAY_"))
-        engine = EngineSettings(**_fields(lab.options.engine_env, "STREAMLAB_ENGINE_"))
+        gateway = lab.options.gateway_settings()
+        engine = lab.options.engine_settings()
         idle = lab.options.nginx.short_read_timeout_s
         think_heartbeat = idle / 4
         # Either end's keepalive finds a dead engine hop, whichever is slower.
@@ -157,10 +155,6 @@ class Bounds:
             stall_bound_s=Flood.for_lab(lab).cut_bound_s + CANCEL_BOUND_S,
             poll_bound_s=1.25 * POLL_TTL_S + CANCEL_BOUND_S,
         )
-
-
-def _fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
-    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
 def gateway_rss(lab: LabTarget) -> int:
@@ -236,7 +230,7 @@ def _schedule(rng: random.Random, streams: int) -> list[str]:
     return order[:streams]
 
 
-def _break_lab(toxiproxy: Toxiproxy, lab_fault: str) -> None:
+def _break_lab(toxiproxy: ToxiproxyClient, lab_fault: str) -> None:
     if lab_fault == "engine_disabled":
         toxiproxy.set_enabled("engine", False)
     elif lab_fault == "edge_black_hole":
@@ -558,7 +552,7 @@ async def _chaos(lab: LabTarget, soaker: _Soaker, rng: random.Random, stop: asyn
         client.close()
 
 
-async def _reset(client: Toxiproxy) -> None:
+async def _reset(client: ToxiproxyClient) -> None:
     """Every toxic off, every hop on; retried while a flush behind a stalled
     reader still holds Toxiproxy up (the soak's readers have all closed by now)."""
     for attempt in range(10):
@@ -571,7 +565,7 @@ async def _reset(client: Toxiproxy) -> None:
             await asyncio.sleep(1.0)
 
 
-def _toxiproxy(lab: LabTarget) -> Toxiproxy:
+def _toxiproxy(lab: LabTarget) -> ToxiproxyClient:
     """Toxiproxy's API with a long timeout: taking a toxic off a hop whose link is
     held up by a stalled reader waits for the toxic's last write (up to 5 s).
     Every hop by name: the lab's client routes each to its Toxiproxy process."""

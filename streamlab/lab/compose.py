@@ -25,8 +25,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab.lab import processes
 from streamlab.lab.compose_config import TLS_DIR
-from streamlab.lab.endpoints import REDIS, Endpoints
+from streamlab.lab.endpoints import REDIS, ServedLab
 from streamlab.lab.local import LabOptions
+from streamlab.lab.target import Capability
 from streamlab.lab.topology import REPO_ROOT, Ports, Replicas, split_replica
 
 Target = Literal["local", "compose"]
@@ -106,7 +107,12 @@ def compose_replicas(settings: ComposeSettings) -> Replicas:
                     redis=REDIS in names)
 
 
-class ComposeLab(Endpoints):
+class ComposeLab(ServedLab):
+    """A compose project as a LabTarget: it stops, kills and starts a service
+    through the compose command; its processes and logs live in containers."""
+
+    OWN_CAPABILITIES = ServedLab.OWN_CAPABILITIES | {Capability.RESTART_SERVICE}
+
     def __init__(self, ports: Ports, settings: ComposeSettings | None = None) -> None:
         settings = settings or ComposeSettings()
         super().__init__(ports, compose_replicas(settings))

@@ -1,7 +1,19 @@
-"""What both labs share: the services' addresses, health probes and handles,
-all derived from the ports. The local lab (lab.py) and the compose lab
-(compose.py) differ only in who owns the processes; everything that talks to
-a service through a port lives here once.
+"""ServedLab: the shared implementation of a lab whose services this tool
+reaches through their ports. It is the common parent of the two real
+LabTargets (target.py has the abstraction, its members and capabilities):
+
+    ServedLab   addresses, health probes, Toxiproxy and GetStats handles, all
+      │         derived from the ports and the replica counts
+      ├── Lab         local processes this tool starts: adds pids, logs, and
+      │               stopping and starting one service           (local.py)
+      └── ComposeLab  a compose project: stops and starts services through the
+                      compose command; no pids, no logs           (compose.py)
+
+The two differ only in who owns the processes; everything that talks to a
+service through a port lives here once. A ServedLab alone (no subclass) is
+just the addresses of a lab at some ports: the console uses it that way. The
+fake lab for unit tests (fake.py) is a LabTarget too, but dials nothing, so
+it borrows only the pure address rules from here.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamlab.lab.target import Capability
 from streamlab.lab.tls import LabTls
 from streamlab.lab.topology import (
     TOXIPROXY_PROCESSES,
@@ -23,6 +36,7 @@ from streamlab.lab.topology import (
     edge_h2_url,
     edge_url,
     hops,
+    hops_of,
     replica_names,
     replica_port,
     split_replica,
@@ -34,7 +48,7 @@ from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 # The services, in the order they start (each needs the one before it), for one
-# gateway and one engine; `Endpoints.order()` has the replicas and Redis.
+# gateway and one engine; `ServedLab.order()` has the replicas and Redis.
 # Toxiproxy is two processes (topology.TOXIPROXY_PROCESSES: the file limit).
 ORDER = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx")
 REDIS = "redis"
@@ -77,12 +91,26 @@ def http_ok(url: str) -> bool:
     return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
 
 
-class Endpoints:
-    """A lab seen through its ports. Subclasses say who owns the processes."""
+class ServedLab:
+    """A lab seen through its ports. Subclasses say who owns the processes, and
+    add the capabilities that owning them gives (`OWN_CAPABILITIES`)."""
+
+    # Both labs put nginx at the edge (proxies/nginx); a lab with another edge
+    # proxy says so here, and scenarios about nginx's settings check it.
+    edge_proxy: str = "nginx"
+    # What a lab reached only through its ports can do: fault its hops through
+    # Toxiproxy and read the engine's records over gRPC.
+    OWN_CAPABILITIES: frozenset[Capability] = frozenset(
+        {Capability.TOGGLE_HOPS, Capability.ENGINE_RECORD})
 
     def __init__(self, ports: Ports, replicas: Replicas | None = None) -> None:
         self.ports = ports
         self.replicas = replicas or Replicas()
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        several = self.replicas.gateways > 1 or self.replicas.engines > 1
+        return self.OWN_CAPABILITIES | ({Capability.REPLICAS} if several else set())
 
     # ---- replicas ------------------------------------------------------------
     @property
@@ -132,12 +160,9 @@ class Endpoints:
         return f"http://{self.ports.host}:{port}/metrics"
 
     def hops_of(self, kind: str) -> tuple[str, ...]:
-        """Every hop of one kind: `engine` → ("engine", "engine-2", …), `upstream`
-        likewise, one per replica; any other hop is the only one of its kind. A
-        test that faults "the engine hop" faults them all, or traffic through
-        the second replica would bypass the fault."""
-        count = {"upstream": self.replicas.gateways, "engine": self.replicas.engines}.get(kind)
-        return replica_names(kind, count) if count else (kind,)
+        """Every hop of one kind (topology.hops_of): faulting "the engine hop"
+        faults every engine's."""
+        return hops_of(self.replicas, kind)
 
     @property
     def redis_url(self) -> str:
@@ -224,7 +249,7 @@ class Endpoints:
                 for h in hops(self.ports, self.replicas)
                 if process is None or toxiproxy_process(h.name) == process]
 
-    # ---- capabilities (none by default; see target.py) --------------------------
+    # ---- pids and logs: none here (Lab has them; see target.py) -------------------
     @property
     def pids(self) -> Mapping[str, int] | None:
         return None

@@ -21,10 +21,13 @@ from typing import Any
 
 import httpx
 
+from services.engine.settings import EngineSettings
+from services.gateway.settings import GatewaySettings
 from streamlab.console.settings import ConsoleSettings
 from streamlab.lab import nginx, processes, tls
-from streamlab.lab.endpoints import REDIS, Endpoints, http_ok
+from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
 from streamlab.lab.processes import Running, ServiceSpec, StartError
+from streamlab.lab.target import Capability
 from streamlab.lab.topology import (
     REPO_ROOT,
     TOXIPROXY_PROCESSES,
@@ -71,12 +74,29 @@ class LabOptions:
     # (shared, through the `store` hop). None: redis with several gateways.
     store: str | None = None
 
+    def gateway_settings(self) -> GatewaySettings:
+        """The gateways' settings as this lab gives them: its own overrides on top
+        of this shell's STREAMLAB_GATEWAY_* (which services started from it
+        inherit), on top of the defaults. Typed: a bound computed from it (a
+        keepalive, a send timeout) cannot misread a string."""
+        return GatewaySettings(**_settings_fields(self.gateway_env, "STREAMLAB_GATEWAY_"))
+
+    def engine_settings(self) -> EngineSettings:
+        """The engines' settings, as `gateway_settings` for the gateways."""
+        return EngineSettings(**_settings_fields(self.engine_env, "STREAMLAB_ENGINE_"))
+
     @property
     def replicas(self) -> Replicas:
         store = self.store or ("redis" if self.gateways > 1 else "memory")
         if store not in ("memory", "redis"):
             raise ValueError(f"unknown resume store {store!r}; one of: memory, redis")
         return Replicas(self.gateways, self.engines, redis=store == "redis")
+
+
+def _settings_fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    """`STREAMLAB_GATEWAY_HEARTBEAT_S=1` → `heartbeat_s="1"`: a service's env
+    overrides as its settings' field names (pydantic parses the values)."""
+    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
 def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
@@ -101,9 +121,12 @@ def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in merged.items() if "KEY" not in k and "SECRET" not in k}
 
 
-class Lab(Endpoints):
+class Lab(ServedLab):
     """The local-process lab (a LabTarget, see target.py): this tool starts and
     stops its services, so it knows their pids and log files."""
+
+    OWN_CAPABILITIES = ServedLab.OWN_CAPABILITIES | {
+        Capability.PIDS, Capability.LOGS, Capability.RESTART_SERVICE}
 
     def __init__(self, ports: Ports, options: LabOptions | None = None) -> None:
         options = options or LabOptions()

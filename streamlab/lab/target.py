@@ -1,28 +1,40 @@
-"""LabTarget: what every running lab is to the tools that measure it.
+"""LabTarget: the one abstraction of a lab that this tool measures and breaks.
 
-    LabTarget (a Protocol)
-      ├── Lab         local processes that `streamlab up` started   (lab.py)
-      └── ComposeLab  a compose project, through its published ports (compose.py)
+    LabTarget (a Protocol: what the experiments may ask of any lab)
+      ├── ServedLab   the shared implementation of a lab whose services this tool
+      │   │           reaches through their ports (endpoints.py)
+      │   ├── Lab         local processes that `streamlab up` started  (local.py)
+      │   └── ComposeLab  a compose project, through its published ports (compose.py)
+      └── FakeLab     no processes at all: addresses never dialled, a recording
+                      Toxiproxy, scripted engine records, for unit tests (fake.py)
 
 Scenarios, the soak, the benches and the integration tests take a LabTarget
-and reach the services through its addresses and handles (endpoints.py has
-the code both labs share). What only one kind of lab can give is a
-*capability*, None where it is absent, so a caller asks for it by name
-instead of guessing from which services it happens to know:
+and reach the services through its addresses and handles. Every target has the
+addresses, the hop names (`hops_of`), the services' settings (`options`) and a
+Toxiproxy client. What not every target can give is a *capability*, declared in
+`target.capabilities`, so an experiment names what it needs and is skipped with
+that reason (`missing`, `require`) instead of guessing from the class:
 
-    pids   service name -> host pid: CPU and RSS readings, signals (local only;
-           a compose service's process lives in a container)
-    logs   service name -> its log file on this host (local only; compose
-           services log to their containers' output)
+    pids             service name -> host pid: CPU, RSS, signals (`pids`; local only,
+                     a compose service's process lives in a container)
+    logs             service name -> its log file on this host (`logs`; local only)
+    toggle_hops      Toxiproxy hops to add toxics to and turn off and on (`toxiproxy()`)
+    restart_service  stop, kill and start one service (`stop_service`, ...)
+    engine_record    the engine's counters and per-request records (`engine_stats`)
+    replicas         more than one gateway or engine (`gateway_names`, `engine_names`)
 
-Lifecycle is not part of it: the local lab is brought up and down by this
-tool (`Lab.up`/`Lab.down`), the compose lab by compose; both can stop, kill
-and start one service, which fault tests and the soak need.
+A member a capability guards raises MissingCapability (or, for `pids` and
+`logs`, is None) on a target without it. Which proxy sits at the edge is a
+fact, not a capability: `target.edge_proxy` ("nginx" for every lab today).
+
+Lifecycle is not part of it: the local lab is brought up and down by this tool
+(`Lab.up`/`Lab.down`), the compose lab by compose, the fake lab by the test.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,17 +42,54 @@ if TYPE_CHECKING:
     from streamlab.lab.local import LabOptions
     from streamlab.lab.tls import LabTls
     from streamlab.lab.topology import Ports
-    from streamlab.lab.toxiproxy import Toxiproxy
+    from streamlab.lab.toxiproxy import ToxiproxyClient
     from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
+class Capability(StrEnum):
+    """What a target may or may not offer (module docstring). A StrEnum: a
+    capability prints, compares and serialises as its name."""
+
+    PIDS = "pids"
+    LOGS = "logs"
+    TOGGLE_HOPS = "toggle_hops"
+    RESTART_SERVICE = "restart_service"
+    ENGINE_RECORD = "engine_record"
+    REPLICAS = "replicas"
+
+
+# Who has each capability, for the message of a run that lacks one (keyed by
+# the capability, found by its name too: a Capability is its name).
+WHERE_TO_GET: dict[str, str] = {
+    Capability.PIDS: "a local-process lab has it (STREAMLAB_TARGET=local)",
+    Capability.LOGS: "a local-process lab has it (STREAMLAB_TARGET=local)",
+    Capability.TOGGLE_HOPS: "a lab with Toxiproxy in front of each hop has it",
+    Capability.RESTART_SERVICE: "the local and compose labs have it",
+    Capability.ENGINE_RECORD: "a lab whose engine answers GetStats has it",
+    Capability.REPLICAS: "a lab started with several gateways or engines has it "
+                         "(`streamlab up --gateways 2 --engines 2`)",
+}
+
+
 class LabTarget(Protocol):
+    # ---- what this target is ----------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this target offers beyond the members every target has."""
+        ...
+
+    @property
+    def edge_proxy(self) -> str:
+        """The proxy at the edge, between the edge hop and the gateways ("nginx")."""
+        ...
+
     @property
     def ports(self) -> Ports: ...
 
     @property
     def options(self) -> LabOptions:
-        """The services' settings as the lab gave them (idle timeouts, keepalives)."""
+        """The services' settings as the lab gave them (idle timeouts, keepalives);
+        typed: `options.gateway_settings()`, `options.engine_settings()`."""
         ...
 
     @property
@@ -93,14 +142,7 @@ class LabTarget(Protocol):
         """host:port of Toxiproxy's engine proxy (what the gateway dials)."""
         ...
 
-    # ---- handles ----------------------------------------------------------------
-    def toxiproxy(self, timeout_s: float = 5.0) -> Toxiproxy: ...
-
-    def engine_stats(self, request_id: str = "") -> pb.GetStatsResponse:
-        """Every engine's counters, summed, and their records (endpoints.py)."""
-        ...
-
-    # ---- replicas (docs/topology.md): one of each unless the lab runs more -----------
+    # ---- replicas (docs/topology.md): one of each unless the lab runs more -------
     @property
     def engine_names(self) -> tuple[str, ...]:
         """`engine`, `engine-2`, …: the names to stop, kill or start them by."""
@@ -121,7 +163,15 @@ class LabTarget(Protocol):
 
     def status(self) -> dict[str, dict[str, Any]]: ...
 
-    # ---- one service at a time (fault tests, the soak) ----------------------------
+    # ---- toggle_hops ------------------------------------------------------------
+    def toxiproxy(self, timeout_s: float = 5.0) -> ToxiproxyClient: ...
+
+    # ---- engine_record ----------------------------------------------------------
+    def engine_stats(self, request_id: str = "") -> pb.GetStatsResponse:
+        """Every engine's counters, summed, and their records (endpoints.py)."""
+        ...
+
+    # ---- restart_service: one service at a time (fault tests, the soak) -----------
     def start_service(self, name: str) -> None:
         """Start it and wait until the whole chain serves again."""
         ...
@@ -132,7 +182,7 @@ class LabTarget(Protocol):
         """SIGKILL, no grace: a crash."""
         ...
 
-    # ---- capabilities: None where this lab cannot give them -----------------------
+    # ---- pids and logs: None where this lab cannot give them ----------------------
     @property
     def pids(self) -> Mapping[str, int] | None: ...
 
@@ -141,12 +191,27 @@ class LabTarget(Protocol):
 
 
 class MissingCapability(RuntimeError):
-    """A measurement needs something this lab cannot give (pids, logs)."""
+    """A measurement needs something this lab cannot give (pids, logs, ...)."""
 
     def __init__(self, capability: str, why: str) -> None:
-        super().__init__(f"{why}: needs the lab's {capability}, which only a local-process "
-                         f"lab has (this one is a compose project; STREAMLAB_TARGET=local)")
+        hint = WHERE_TO_GET.get(capability)
+        super().__init__(f"{why}: needs the lab's {capability}, which this lab does not have"
+                         + (f"; {hint}" if hint else ""))
         self.capability = capability
+
+
+def missing(target: LabTarget, needs: Iterable[Capability]) -> frozenset[Capability]:
+    """What of `needs` this target lacks: empty when it can run the experiment."""
+    return frozenset(needs) - target.capabilities
+
+
+def require(target: LabTarget, needs: Iterable[Capability], why: str) -> None:
+    """MissingCapability naming the first capability (in declaration order) that
+    `target` lacks, with who needed it and why; nothing when it has them all."""
+    lacking = missing(target, needs)
+    for capability in Capability:
+        if capability in lacking:
+            raise MissingCapability(capability, why)
 
 
 def pid_or_none(lab: LabTarget, service: str) -> int | None:
@@ -159,5 +224,5 @@ def pids_of(lab: LabTarget, why: str) -> Mapping[str, int]:
     """The lab's pids, or MissingCapability saying who needed them and why."""
     pids = lab.pids
     if pids is None:
-        raise MissingCapability("pids", why)
+        raise MissingCapability(Capability.PIDS, why)
     return pids

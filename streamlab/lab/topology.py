@@ -147,6 +147,15 @@ def hops(ports: Ports, replicas: Replicas | None = None) -> tuple[Hop, ...]:
     return tuple(result)
 
 
+def hops_of(replicas: Replicas, kind: str) -> tuple[str, ...]:
+    """Every hop of one kind: `engine` → ("engine", "engine-2", …), `upstream`
+    likewise, one per replica; any other hop is the only one of its kind. A
+    test that faults "the engine hop" faults them all, or traffic through
+    the second replica would bypass the fault."""
+    count = {"upstream": replicas.gateways, "engine": replicas.engines}.get(kind)
+    return replica_names(kind, count) if count else (kind,)
+
+
 # Toxiproxy runs as two processes (each stream holds two sockets per HTTP hop in
 # Toxiproxy, and a process may hold 20,000 files here): "toxiproxy" holds the
 # client-side hops, "toxiproxy-backend" every hop behind nginx.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import httpx
 
@@ -98,6 +98,37 @@ class Toxic:
         return {"name": self.name or f"{self.type}_{self.stream}", "type": self.type,
                 "stream": self.stream, "toxicity": self.toxicity,
                 "attributes": self.attributes}
+
+
+class ToxiproxyClient(Protocol):
+    """What the lab tool asks of Toxiproxy, by hop name: `Toxiproxy` below speaks it
+    to the real server, `FakeToxiproxy` (streamlab/lab/fake.py) records it for unit
+    tests. A target's `toxiproxy()` returns one; use it as a context manager."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ToxiproxyClient: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def proxies(self) -> dict[str, dict[str, Any]]: ...
+
+    def reset(self) -> None: ...
+
+    def proxy(self, name: str) -> dict[str, Any]: ...
+
+    def set_enabled(self, proxy: str, enabled: bool) -> None: ...
+
+    def toxics(self, proxy: str) -> list[dict[str, Any]]: ...
+
+    def add_toxic(self, proxy: str, toxic: Toxic) -> dict[str, Any]: ...
+
+    def update_toxic(self, proxy: str, name: str, attributes: dict[str, int | float],
+                     toxicity: float | None = None) -> dict[str, Any]: ...
+
+    def remove_toxic(self, proxy: str, name: str) -> None: ...
+
+    def metrics(self) -> str: ...
 
 
 class _Api:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from streamlab.lab.toxiproxy import Toxiproxy
+from streamlab.lab.toxiproxy import ToxiproxyClient
 
 _SAMPLE = re.compile(r'^(toxiproxy_proxy_(?:received|sent)_bytes_total)\{([^}]*)\}\s+(\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -52,7 +52,7 @@ def parse_wire_bytes(metrics_text: str, proxy: str) -> WireBytes:
 class WireMeter:
     """Bytes through one Toxiproxy proxy between two readings."""
 
-    def __init__(self, toxiproxy: Toxiproxy, proxy: str = "edge") -> None:
+    def __init__(self, toxiproxy: ToxiproxyClient, proxy: str = "edge") -> None:
         self._toxiproxy = toxiproxy
         self.proxy = proxy
 

@@ -25,15 +25,12 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
-from services.engine.settings import EngineSettings
 from streamlab.experiments import socket_queues
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Check, Figures
@@ -72,7 +69,7 @@ class Flood:
 
     @classmethod
     def for_lab(cls, lab: LabTarget) -> Flood:
-        engine = EngineSettings(**_fields(lab.options.engine_env, "STREAMLAB_ENGINE_"))
+        engine = lab.options.engine_settings()
         if engine.max_tokens_limit < MAX_FLOOD_TOKENS:
             # At 4,096 (the default once) the edge alone can hold the whole answer
             # (measured 837 KiB of 870): both modes would "complete" and the
@@ -96,10 +93,6 @@ class Flood:
         """When a reader that never read is cancelled at the latest: the hops in front
         of nginx fill, nginx waits its send timeout, and the close reaches the engine."""
         return EDGE_HOLDS_TOKENS * self.gap_ms / 1000 + self.send_timeout_s + CUT_SLACK_S
-
-
-def _fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
-    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
 def held_per_hop(lab: LabTarget) -> dict[str, int] | None:

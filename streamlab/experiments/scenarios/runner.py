@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from services.engine.settings import EngineSettings
-from services.gateway.settings import GatewaySettings
 from streamlab.experiments.report import CheckResult, Figures, judge
 from streamlab.experiments.scenarios.model import MODES, Mode, Scenario
 from streamlab.experiments.timing import Timing
@@ -102,17 +100,13 @@ def timing_for(lab: LabTarget, **overrides: Any) -> Timing:
     idle = lab.options.nginx.short_read_timeout_s
     # The lab's own overrides on top of this shell's STREAMLAB_* (which the
     # services started from it inherit), on top of the defaults.
-    gateway = GatewaySettings(**_fields(lab.options.gateway_env, "STREAMLAB_GATEWAY_"))
-    engine = EngineSettings(**_fields(lab.options.engine_env, "STREAMLAB_ENGINE_"))
+    gateway = lab.options.gateway_settings()
+    engine = lab.options.engine_settings()
     timing = replace(Timing(), idle_timeout_s=idle, think_s=2 * idle,
                      engine_dead_after_s=gateway.engine_keepalive_s
                      + gateway.engine_keepalive_timeout_s,
                      gateway_dead_after_s=engine.keepalive_s + engine.keepalive_timeout_s)
     return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
-
-
-def _fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
-    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
 
 
 async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
