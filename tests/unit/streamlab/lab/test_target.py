@@ -1,4 +1,5 @@
-"""LabTarget: both labs are one, told apart by capabilities (no lab needed)."""
+"""LabTarget: the local and compose labs are one abstraction, told apart by the
+capabilities they declare (no lab needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pytest
 from streamlab.lab.compose import ComposeLab
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.processes import Running, ServiceSpec
-from streamlab.lab.target import LabTarget, MissingCapability, pid_or_none, pids_of
+from streamlab.lab.target import (
+    Capability,
+    LabTarget,
+    MissingCapability,
+    missing,
+    pid_or_none,
+    pids_of,
+    require,
+)
 from streamlab.lab.topology import Ports
 
 
@@ -41,6 +50,41 @@ def test_the_compose_lab_has_neither_and_says_so(tmp_path: Path) -> None:
     assert pid_or_none(compose, "gateway") is None
     with pytest.raises(MissingCapability, match="the soak reads RSS: needs the lab's pids"):
         pids_of(compose, "the soak reads RSS")
+
+
+def test_each_lab_declares_what_it_can_give() -> None:
+    local, compose = Lab(Ports.load()), ComposeLab(Ports.load())
+    shared = {Capability.TOGGLE_HOPS, Capability.ENGINE_RECORD, Capability.RESTART_SERVICE}
+
+    assert local.capabilities == shared | {Capability.PIDS, Capability.LOGS}
+    assert compose.capabilities == shared
+    # What a capability guards agrees with the declaration.
+    for lab in (local, compose):
+        assert (lab.pids is not None) == (Capability.PIDS in lab.capabilities)
+        assert (lab.logs is not None) == (Capability.LOGS in lab.capabilities)
+        assert lab.edge_proxy == "nginx"
+
+
+def test_replicas_are_declared_only_where_the_lab_runs_several() -> None:
+    from streamlab.lab.compose import ComposeSettings
+
+    assert Capability.REPLICAS not in Lab(Ports.load()).capabilities
+    assert Capability.REPLICAS in Lab(Ports.load(), LabOptions(engines=2)).capabilities
+    replicated = ComposeLab(Ports.load(), ComposeSettings(override=Path("compose.replicas.yaml")))
+    assert Capability.REPLICAS in replicated.capabilities
+
+
+def test_an_experiment_names_what_it_needs_and_learns_what_is_missing(tmp_path: Path) -> None:
+    local, compose = labs(tmp_path)
+    needs = (Capability.PIDS, Capability.ENGINE_RECORD)
+
+    assert missing(local, needs) == frozenset()
+    assert missing(compose, needs) == {Capability.PIDS}
+    require(local, needs, "bench scale reads CPU")  # nothing missing: no error
+    with pytest.raises(MissingCapability, match=r"bench scale reads CPU: needs the lab's pids.*"
+                       r"STREAMLAB_TARGET=local") as raised:
+        require(compose, needs, "bench scale reads CPU")
+    assert raised.value.capability == Capability.PIDS
 
 
 def test_both_labs_share_their_addresses(tmp_path: Path) -> None:
