@@ -38,10 +38,10 @@ from redis.asyncio import Redis
 from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import GatewayError
-from services.gateway.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
-from services.gateway.redis_log import STORE_ERRORS, StoreMetrics
-from services.gateway.replay_log import event_id
-from services.gateway.resume_store import gap_event
+from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
+from services.gateway.resume.redis_log import STORE_ERRORS, StoreMetrics
+from services.gateway.resume.replay_log import event_id
+from services.gateway.resume.store import gap_event
 
 OwnerGone = Callable[[str, StreamKeys, StreamMeta, int], Awaitable[bool]]
 TERMINAL_KINDS = frozenset({"done", "error", "cancelled"})
