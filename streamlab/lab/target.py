@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from streamlab.errors import StreamlabError
+
 if TYPE_CHECKING:
     from streamlab.lab.local import LabOptions
     from streamlab.lab.tls import LabTls
@@ -140,7 +142,7 @@ class LabTarget(Protocol):
     def logs(self) -> Mapping[str, Path] | None: ...
 
 
-class MissingCapability(RuntimeError):
+class MissingCapability(StreamlabError, RuntimeError):
     """A measurement needs something this lab cannot give (pids, logs)."""
 
     def __init__(self, capability: str, why: str) -> None:
