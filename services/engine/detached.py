@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable
 
 from services.engine.backends.base import ACCEPTED, Accepted, BackendError
+from services.engine.errors import EngineException
 from services.engine.stats import EngineStats, GenerationRecord
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -69,15 +70,15 @@ READ_AHEAD_TOKENS = 32
 Events = AsyncGenerator[pb.GenerateResponse | Accepted, None]
 
 
-class Replaced(Exception):
+class Replaced(EngineException):
     """This consumer's generation was attached by a newer caller."""
 
 
-class Stopped(Exception):
+class Stopped(EngineException):
     """The generation was stopped (explicit Cancel, grace expiry, shutdown)."""
 
 
-class AttachRefused(Exception):
+class AttachRefused(EngineException):
     """An Attach that cannot be served; `status` names the gRPC status."""
 
     def __init__(self, status: str, message: str) -> None:

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.engine.backends.base import Backend
 from services.engine.backends.fake import FakeModel
+from services.engine.errors import EngineException
 from services.engine.metrics import EngineMetrics
 from services.engine.servicer import EngineServicer
 from services.engine.settings import EngineSettings
@@ -49,11 +50,11 @@ def server_options(settings: EngineSettings) -> list[tuple[str, int]]:
     ]
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(EngineException, RuntimeError):
     """The configured backend cannot start (missing extra, bad model path or URL)."""
 
 
-class CannotListen(OSError):
+class CannotListen(EngineException, OSError):
     """A port the engine was told to listen on is taken or not ours."""
 
 

@@ -1,11 +1,39 @@
-"""Errors at the gateway's boundary, and how the engine's gRPC status maps onto HTTP.
+"""Everything the gateway raises on purpose, under one root, and how the
+engine's gRPC status maps onto HTTP.
 
-    GatewayError           anything the client is told about; carries
-      .status_code         the HTTP status the client gets before the first byte
-      .code                a short machine-readable code (also in SSE error events)
-      .param               the request field at fault (dotted), or None
-      ├── BadRequest       the request itself is wrong (400)
-      └── EngineError      the engine refused, failed or could not be reached
+    GatewayException              the root: catch it to catch any of them
+      ├── GatewayError            anything the client is told about; carries
+      │     .status_code          the HTTP status the client gets before the first byte
+      │     .code                 a short machine-readable code; after the first byte,
+      │                           the `code` of the SSE `error` event (on /ws: the
+      │                           close code and reason, ws_routes.py)
+      │     .param                the request field at fault (dotted), or None
+      │   ├── BadRequest          400, the request itself is wrong: malformed_last_event_id,
+      │   │                       foreign_last_event_id, prompt_too_long, ... (the code says)
+      │   ├── JobNotFound         404 job_not_found (jobs.py)
+      │   ├── TooManyStreams      429 too_many_streams, with Retry-After (limits.py)
+      │   ├── TooManyConnections  429 too_many_connections, with Retry-After (limits.py)
+      │   └── EngineError         the engine refused, failed or could not be reached:
+      │                           its gRPC status as HTTP (INVALID_ARGUMENT, OUT_OF_RANGE,
+      │                           FAILED_PRECONDITION 400, NOT_FOUND 404,
+      │                           RESOURCE_EXHAUSTED 429, UNAVAILABLE 503,
+      │                           DEADLINE_EXCEEDED 504, any other 502), code = the
+      │                           status's name (`unavailable`); after the first byte,
+      │                           the SSE `error` event's code
+      ├── BadEventId              a Last-Event-ID that is not `<stream id>:<sequence>`
+      │                           (also a ValueError); the resume routes answer it with
+      │                           BadRequest 400 malformed_last_event_id (resume/replay_log.py)
+      └── ReaderMustMove          a tail reader on a draining replica: its stream ends
+                                  without a terminal event and the client reconnects
+                                  elsewhere after `retry:`; no status, no SSE error
+                                  (resume/redis_tail.py)
+
+Plain GatewayErrors carry the rest of the codes (400 unsupported_data; 404 model_not_found,
+unknown_stream; 410 stream_expired; 413 body_too_large, message_too_big; 503
+server_draining, resume_capacity, resume_store_unavailable); app.py turns any
+GatewayError into its status and body, the SSE surfaces into an `error` event
+with its code. The two outside GatewayError are the gateway's own control
+flow: nothing a client is told.
 
 Every body is OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`,
 with OpenAI's types: `rate_limit_error` for 429, `server_error` for 5xx,
@@ -95,7 +123,14 @@ def validation_problem(errors: Sequence[Mapping[str, Any]],
     return param, (f"{param}: {what}" if param else f"request body: {what}")
 
 
-class GatewayError(Exception):
+class GatewayException(Exception):
+    """The root of every exception the gateway raises on purpose (the tree above)."""
+
+
+class GatewayError(GatewayException):
+    """An error the client is told about: an HTTP status before the first
+    byte, an SSE `error` event with `code` after it."""
+
     def __init__(self, status_code: int, code: str, message: str,
                  headers: dict[str, str] | None = None, param: str | None = None) -> None:
         super().__init__(message)

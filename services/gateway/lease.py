@@ -50,7 +50,7 @@ class EngineLease:
         against until the lease closes (None: no slot, for tests of the rest).
         `surface`: the label of its latency histograms (sse, json, resume, ...).
         `detachable`: the generation outlives its call (for re-attach by another
-        replica, services/gateway/redis_store.py). `body` None: a lease that only
+        replica, services/gateway/resume/redis_store.py). `body` None: a lease that only
         re-attaches (`attach()`)."""
         self._gateway = gateway
         self._body = body

@@ -43,12 +43,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.gateway.drain import DRAINING
 from services.gateway.errors import BadRequest, GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
-from services.gateway.replay_log import BadEventId, event_id, parse_event_id
-from services.gateway.resume_store import FoundStream
+from services.gateway.resume.replay_log import BadEventId, event_id, parse_event_id
+from services.gateway.resume.store import FoundStream
+from services.gateway.resume.streams import Attach, StreamPolicy
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse_response import event_stream
 from services.gateway.state import GatewayDep
-from services.gateway.streams import Attach, StreamPolicy
 
 DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
@@ -106,7 +106,7 @@ async def create_stream(body: CreateStreamRequest, request: Request,
     # generation holds its slot until it ends (not until its connection does).
     # A drain waits for the generation (not for its readers), then cancels it.
     # Detachable with the shared store: if this replica dies or drains, another
-    # one re-attaches to the generation (services/gateway/redis_store.py).
+    # one re-attaches to the generation (services/gateway/resume/redis_store.py).
     lease = gateway.lease(body, stream_id, gateway.identity(request), surface="resume",
                           detachable=store.detachable_generations)
     lease.admit()

@@ -113,7 +113,7 @@ class GatewaySettings(BaseSettings):
     # can claim any id.
     trust_client_id_header: bool = False
 
-    # ---- the resume surface (/v1/streams; services/gateway/streams.py) ----------
+    # ---- the resume surface (/v1/streams; services/gateway/resume/streams.py) ----------
     # How long a generation keeps running with nobody attached after a client
     # disconnects, buffering into its replay log, before it is cancelled at the
     # engine. 0 cancels at once (the OpenAI route's behaviour). Longer graces
@@ -149,11 +149,11 @@ class GatewaySettings(BaseSettings):
     # Most streams held at once (running or replayable); more → 503 on create.
     resume_max_streams: int = Field(1000, ge=1)
 
-    # ---- where the resume log lives (services/gateway/resume_store.py) -----------
+    # ---- where the resume log lives (services/gateway/resume/store.py) -----------
     # "memory": each gateway holds its own streams (one gateway; a stream id is
     # 404 on any other replica and after a restart). "redis": every replica
     # shares the log in Redis at `redis_url`, so any replica serves a resume,
-    # a status and a DELETE (services/gateway/redis_store.py).
+    # a status and a DELETE (services/gateway/resume/redis_store.py).
     resume_store: Literal["memory", "redis"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
     # This gateway's name in the shared store: who owns a generation's engine

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends
-from prometheus_client import CollectorRegistry
 from starlette.requests import HTTPConnection
 
 from services.gateway.broken_modes import BrokenModes
@@ -30,10 +29,9 @@ from services.gateway.identity import client_identity
 from services.gateway.jobs import JobMetrics, JobStore
 from services.gateway.lease import EngineLease
 from services.gateway.limits import ConnectRate, StreamLimiter
-from services.gateway.memory_store import MemoryStore
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
-from services.gateway.resume_store import ResumeStore
+from services.gateway.resume import ResumeStore, build_store
 from services.gateway.settings import GatewaySettings
 
 
@@ -48,7 +46,7 @@ class GatewayState:
         self.connect_rate = ConnectRate(settings.resume_connect_rate_per_s,
                                         settings.retry_after_s)
         self.broken_modes = BrokenModes(settings.allow_broken_modes)
-        self.streams: ResumeStore = build_resume_store(settings, self.metrics.registry)
+        self.streams: ResumeStore = build_store(settings, self.metrics.registry)
         self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry),
                              route=settings.job_route)
         self.models = frozenset([settings.model_name, *settings.model_aliases])
@@ -75,14 +73,6 @@ class GatewayState:
               client_key: str | None, surface: str = "sse",
               detachable: bool = False) -> EngineLease:
         return EngineLease(self, body, request_id, client_key, surface, detachable)
-
-
-def build_resume_store(settings: GatewaySettings, metrics: CollectorRegistry) -> ResumeStore:
-    if settings.resume_store == "redis":
-        # Imported only when chosen: the memory default never loads redis-py.
-        from services.gateway.redis_store import RedisStore
-        return RedisStore(settings, metrics)
-    return MemoryStore(settings, metrics)
 
 
 async def gateway_state(connection: HTTPConnection) -> GatewayState:

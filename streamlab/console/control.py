@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from streamlab.console import presets
 from streamlab.console.metrics import gateway_figures
 from streamlab.console.settings import ConsoleSettings
+from streamlab.errors import StreamlabError
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.scenarios import MODES, Mode
 from streamlab.lab.endpoints import engine_stats
@@ -47,11 +48,11 @@ MAX_STOP_MARKS = 1000
 METRICS_TIMEOUT_S = 2.0
 
 
-class UnknownName(LookupError):
+class UnknownName(StreamlabError, LookupError):
     """A hop, scenario or mode the lab does not have (→ 404)."""
 
 
-class EngineUnreachable(RuntimeError):
+class EngineUnreachable(StreamlabError, RuntimeError):
     """GetStats failed (→ 503)."""
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import websockets
 
+from streamlab.errors import StreamlabError
+
 # The flags that work headless, as root, in a container; no background traffic
 # (its connections would count in the scenarios' connection figures).
 CHROMIUM_FLAGS = [
@@ -53,7 +55,7 @@ def trust_spki_flag(spki_sha256: Sequence[str]) -> str:
     return f"--ignore-certificate-errors-spki-list={','.join(spki_sha256)}"
 
 
-class BrowserError(Exception):
+class BrowserError(StreamlabError):
     pass
 
 

@@ -23,6 +23,7 @@ import yaml
 from dotenv import dotenv_values
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamlab.errors import StreamlabError
 from streamlab.lab import processes
 from streamlab.lab.compose_config import TLS_DIR
 from streamlab.lab.endpoints import REDIS, ServedLab
@@ -68,7 +69,7 @@ def selected_target() -> Target:
     return TargetSettings().target
 
 
-class ComposeError(RuntimeError):
+class ComposeError(StreamlabError, RuntimeError):
     pass
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from dotenv import dotenv_values
 
+from streamlab.errors import StreamlabError
 from streamlab.lab import nginx, tls
 from streamlab.lab.topology import (
     LAB_ENV,
@@ -66,7 +67,7 @@ TLS_NAMES = (*tls.LOCAL_NAMES, TOXIPROXY_SERVICE, "nginx")
 LISTEN_HOST = "0.0.0.0"
 
 
-class ConfigDrift(Exception):
+class ConfigDrift(StreamlabError):
     def __init__(self, path: Path) -> None:
         super().__init__(f"{path.relative_to(REPO_ROOT)} differs from what "
                          "`streamlab compose config` generates; run it and commit the result")

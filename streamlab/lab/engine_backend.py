@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from streamlab.errors import StreamlabError
+
 BackendName = Literal["fake", "hf", "openai"]
 
 # A real model can take minutes to load (and the engine answers its health
@@ -22,7 +24,7 @@ BackendName = Literal["fake", "hf", "openai"]
 HF_READY_TIMEOUT_S = 900.0
 
 
-class BackendChoiceError(ValueError):
+class BackendChoiceError(StreamlabError, ValueError):
     """A backend option is missing or wrong; the message names the option."""
 
 

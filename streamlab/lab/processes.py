@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamlab.errors import StreamlabError
 
-class StartError(RuntimeError):
+
+class StartError(StreamlabError, RuntimeError):
     pass
 
 

@@ -38,6 +38,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from streamlab.errors import StreamlabError
+
 if TYPE_CHECKING:
     from streamlab.lab.local import LabOptions
     from streamlab.lab.tls import LabTls
@@ -190,7 +192,7 @@ class LabTarget(Protocol):
     def logs(self) -> Mapping[str, Path] | None: ...
 
 
-class MissingCapability(RuntimeError):
+class MissingCapability(StreamlabError, RuntimeError):
     """A measurement needs something this lab cannot give (pids, logs, ...)."""
 
     def __init__(self, capability: str, why: str) -> None:

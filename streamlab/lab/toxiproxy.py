@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol, get_args
 
 import httpx
 
+from streamlab.errors import StreamlabError
+
 Direction = Literal["upstream", "downstream"]
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 
@@ -34,7 +36,7 @@ TOXIC_TYPES: dict[str, dict[str, str]] = {
 }
 
 
-class ToxiproxyError(Exception):
+class ToxiproxyError(StreamlabError):
     """Toxiproxy refused an operation (status_code > 0) or could not be reached (0)."""
 
     def __init__(self, status_code: int, message: str) -> None:
@@ -43,7 +45,7 @@ class ToxiproxyError(Exception):
         self.status_code = status_code
 
 
-class ToxicSpecError(ValueError):
+class ToxicSpecError(StreamlabError, ValueError):
     """A toxic's type or attributes are not what Toxiproxy understands."""
 
 

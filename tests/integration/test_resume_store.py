@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from services.engine.backends.fake import token_text
-from services.gateway.redis_keys import replica_key
-from services.gateway.redis_store import KEY_PREFIX
+from services.gateway.resume.redis_keys import replica_key
+from services.gateway.resume.redis_store import KEY_PREFIX
 from streamlab.experiments.generation_end import wait_for_end
 from streamlab.lab import processes
 from streamlab.lab.toxiproxy import Toxic

@@ -27,10 +27,11 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
+from services.engine.errors import EngineException
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(EngineException, ValueError):
     """A wire request the engine refuses with INVALID_ARGUMENT; the message names the field."""
 
 
@@ -147,7 +148,7 @@ ErrorStatus = Literal[
 ]
 
 
-class BackendError(Exception):
+class BackendError(EngineException):
     """A failure inside the model; carries a short machine-readable code and the
     gRPC status the caller gets when it happens before the first token."""
 

@@ -63,6 +63,7 @@ from services.engine.backends.base import (
 )
 from services.engine.backends.detokenize import IncrementalDetokenizer
 from services.engine.backends.hf_batch import PaddedBatch, RowCache, batchable
+from services.engine.errors import EngineException
 from services.engine.settings import HFSettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -71,7 +72,7 @@ log = logging.getLogger("streamlab.engine.hf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(EngineException, RuntimeError):
     """The model or tokenizer could not be loaded; names the setting to fix."""
 
 

@@ -28,6 +28,7 @@ import psutil
 
 from services.client.openai_stream import chat_body
 from services.client.silent import open_silent_reader
+from streamlab.errors import StreamlabError
 from streamlab.experiments.generation_end import state_name
 from streamlab.lab.target import LabTarget, pids_of
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -39,7 +40,7 @@ SAMPLE_EVERY_S = 0.2
 START_WITHIN_S = 10.0
 
 
-class ReadersRefused(RuntimeError):
+class ReadersRefused(StreamlabError, RuntimeError):
     """Some requests never reached the engine; the message quotes an answer."""
 
 

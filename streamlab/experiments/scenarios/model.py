@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from streamlab.errors import StreamlabError
 from streamlab.experiments.report import Check, Figure, Figures
 from streamlab.experiments.timing import Timing
 from streamlab.lab.toxiproxy import Toxic
@@ -62,7 +63,7 @@ class Setup:
 THINK_AFTER_TOKEN = 2
 
 
-class ScenarioUnavailable(RuntimeError):
+class ScenarioUnavailable(StreamlabError, RuntimeError):
     """This lab or machine cannot run the scenario (no chromium, no HTTP/2 edge):
     raised by a measure before it measures anything; the tests skip with its reason."""
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.replay_log import (
+from services.gateway.resume.replay_log import (
     ENTRY_OVERHEAD_BYTES,
     BadEventId,
     ReplayLog,

@@ -37,18 +37,18 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from redis.asyncio import Redis
 from sse_starlette import ServerSentEvent
 
-from services.gateway.errors import GatewayError
-from services.gateway.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
-from services.gateway.redis_log import STORE_ERRORS, StoreMetrics
-from services.gateway.replay_log import event_id
-from services.gateway.resume_store import gap_event
+from services.gateway.errors import GatewayError, GatewayException
+from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
+from services.gateway.resume.redis_log import STORE_ERRORS, StoreMetrics
+from services.gateway.resume.replay_log import event_id
+from services.gateway.resume.store import gap_event
 
 OwnerGone = Callable[[str, StreamKeys, StreamMeta, int], Awaitable[bool]]
 TERMINAL_KINDS = frozenset({"done", "error", "cancelled"})
 READ_BATCH = 512  # events per XREAD: a long replay comes in pieces, not one reply
 
 
-class ReaderMustMove(Exception):
+class ReaderMustMove(GatewayException):
     """Raised by `owner_gone` when this replica will not take the stream over
     (it is draining: it would own the stream only to cancel it as it exits).
     The tail ends without a terminal event, so the reader reconnects after its

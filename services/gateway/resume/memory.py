@@ -17,19 +17,19 @@ from prometheus_client import CollectorRegistry
 from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import GatewayError
-from services.gateway.replay_log import event_id, is_stream_id
-from services.gateway.resume_store import FoundStream, ResumeStore, gap_event
-from services.gateway.settings import GatewaySettings
-from services.gateway.streams import (
+from services.gateway.resume.replay_log import event_id, is_stream_id
+from services.gateway.resume.store import FoundStream, ResumeStore, gap_event
+from services.gateway.resume.streams import (
     Attach,
     ResumableStream,
     StreamFactory,
     StreamPolicy,
     StreamRegistry,
 )
+from services.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from services.gateway.lease import EngineLease
+    from services.gateway.resume.ports import Lease
 
 
 def found(stream: ResumableStream, now: float) -> FoundStream:
@@ -99,7 +99,7 @@ class MemoryStore(ResumeStore):
     def ensure_capacity(self) -> None:
         self.registry.ensure_capacity()
 
-    async def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
+    async def create(self, stream_id: str, lease: Lease, policy: StreamPolicy
                      ) -> StreamPolicy:
         return self.registry.create(stream_id, lease, policy, self._build).policy
 

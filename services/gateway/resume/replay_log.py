@@ -16,6 +16,8 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
+from services.gateway.errors import GatewayException
+
 # Per-entry bookkeeping on top of the payload (sequence, kind, deque slot): a
 # rough figure, so the byte bound tracks real memory rather than only payloads.
 ENTRY_OVERHEAD_BYTES = 64
@@ -32,7 +34,7 @@ def event_id(stream_id: str, seq: int) -> str:
     return f"{stream_id}:{seq}"
 
 
-class BadEventId(ValueError):
+class BadEventId(GatewayException, ValueError):
     """A Last-Event-ID that is not `<stream id>:<sequence>`."""
 
 

@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from services.gateway.redis_keys import StreamKeys, StreamMeta, entry_id
-from services.gateway.replay_log import Entry
+from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id
+from services.gateway.resume.replay_log import Entry
 
 log = logging.getLogger("streamlab.gateway")
 

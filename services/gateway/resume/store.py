@@ -3,9 +3,9 @@
     ResumeStore            what /v1/streams needs: create, find, status,
       │                    cancel, follow (the SSE events after a point), close
       ├── MemoryStore      this gateway's own registry (services/gateway/
-      │                    memory_store.py): the single-gateway default
+      │                    resume/memory.py): the single-gateway default
       └── RedisStore       a log shared by every replica in Redis
-                           (services/gateway/redis_store.py)
+                           (services/gateway/resume/redis_store.py)
 
 `find` answers who may see a stream (404 to anyone but its creator, 410 once
 its TTL ran out) and returns a `FoundStream`: the facts the routes check a
@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from sse_starlette import ServerSentEvent
 
-from services.gateway.replay_log import event_id
+from services.gateway.resume.replay_log import event_id
 from services.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from services.gateway.lease import EngineLease
-    from services.gateway.state import GatewayState
-    from services.gateway.streams import Attach, ResumableStream, ResumeMetrics, StreamPolicy
+    from services.gateway.resume.ports import Gateway, Lease
+    from services.gateway.resume.streams import Attach, ResumableStream, ResumeMetrics, StreamPolicy
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class ResumeStore(ABC):
     # gateway's call, so another replica can re-attach to them).
     detachable_generations = False
 
-    async def open(self, gateway: GatewayState) -> None:  # noqa: B027 (optional)
+    async def open(self, gateway: Gateway) -> None:  # noqa: B027 (optional)
         """Start what the store runs in the background (the app's lifespan);
         `gateway`: what a store that takes streams over opens leases with."""
 
@@ -82,7 +81,7 @@ class ResumeStore(ABC):
         """Make room for one more stream, or refuse (503) before the engine is asked."""
 
     @abstractmethod
-    async def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
+    async def create(self, stream_id: str, lease: Lease, policy: StreamPolicy
                      ) -> StreamPolicy:
         """Own a started generation's lease from now on; its policy as applied."""
 

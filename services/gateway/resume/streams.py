@@ -2,7 +2,8 @@
 
 On the OpenAI route the request owns the engine call, so a disconnect cancels
 it. On the resume surface (`/v1/streams`) the *registry* owns it (each
-stream holds the call's `EngineLease` and closes it when the generation ends):
+stream holds the call's lease, an `EngineLease` seen through resume/ports.py,
+and closes it when the generation ends):
 
     POST /v1/streams ─▶ lease.open() ─▶ StreamRegistry.create()
                                            └─ producer task: engine call ─▶ ReplayLog
@@ -48,13 +49,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from services.gateway.drain import DRAINING
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS, usage_dict
-from services.gateway.replay_log import Entry, ReplayLog, event_id
+from services.gateway.resume.replay_log import Entry, ReplayLog, event_id
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.generation import GenerationState
 
 if TYPE_CHECKING:
-    from services.gateway.lease import EngineLease
+    from services.gateway.resume.ports import Lease
 
 MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
 # The engine's word (gRPC ABORTED) for "another caller attached to this
@@ -96,7 +97,7 @@ class ResumeMetrics:
 
 
 class ResumableStream:
-    def __init__(self, stream_id: str, lease: EngineLease, log: ReplayLog,
+    def __init__(self, stream_id: str, lease: Lease, log: ReplayLog,
                  policy: StreamPolicy, registry: StreamRegistry) -> None:
         self.id = stream_id
         # The identity that created it (services/gateway/identity.py): only it
@@ -242,7 +243,7 @@ class ResumableStream:
 
 
 StreamFactory = Callable[
-    [str, "EngineLease", ReplayLog, StreamPolicy, "StreamRegistry"], ResumableStream]
+    [str, "Lease", ReplayLog, StreamPolicy, "StreamRegistry"], ResumableStream]
 
 
 class StreamRegistry:
@@ -278,7 +279,7 @@ class StreamRegistry:
                                    "try again later",
                                    headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy,
+    def create(self, stream_id: str, lease: Lease, policy: StreamPolicy,
                build: StreamFactory | None = None, after_seq: int = 0) -> ResumableStream:
         """Register a started generation and own its open lease from now on.
         `build`: a ResumableStream subclass's constructor (the shared store's

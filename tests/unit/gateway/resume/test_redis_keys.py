@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.redis_keys import (
+from services.gateway.resume.redis_keys import (
     StreamMeta,
     control_channel,
     entry_id,
     entry_seq,
     stream_keys,
 )
-from services.gateway.resume_store import FoundStream
+from services.gateway.resume.store import FoundStream
 from streamlab_protocol.generation import GenerationState
 
 ID = "0123456789abcdef0123456789abcdef"

@@ -4,14 +4,14 @@ every stream; the replica that created a stream owns its engine call.
     owner (created it)                      any other replica
     ──────────────────                      ─────────────────
     SharedStream: the memory stream,        find / status: HGETALL meta
-      readers served from memory              (services/gateway/redis_tail.py)
+      readers served from memory              (services/gateway/resume/redis_tail.py)
       LogMirror ─▶ Redis (batched)  ──────▶ tail: XREAD after Last-Event-ID,
       grace timer counts remote readers       BLOCK for the live tail; its
         (ZCOUNT followers)          ◀──────     presence in `followers`
       ControlChannel: cancel        ◀──────  DELETE: PUBLISH to the owner's
                                                channel, wait for the end
 
-Key layout: services/gateway/redis_keys.py. Who cancels: a DELETE anywhere
+Key layout: services/gateway/resume/redis_keys.py. Who cancels: a DELETE anywhere
 lands in the owner's `ResumableStream.cancel`; the grace timer runs on the
 owner only, and when it fires it cancels only if no reader on any replica is
 present (else it looks again every third of the follower TTL, and once the
@@ -51,10 +51,10 @@ from redis.asyncio import Redis
 from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import EngineError
-from services.gateway.memory_store import MemoryStore, expired, find_local, follow_local, unknown
-from services.gateway.redis_control import POLL_S as CONTROL_POLL_S
-from services.gateway.redis_control import ControlChannel
-from services.gateway.redis_keys import (
+from services.gateway.resume.memory import MemoryStore, expired, find_local, follow_local, unknown
+from services.gateway.resume.redis_control import POLL_S as CONTROL_POLL_S
+from services.gateway.resume.redis_control import ControlChannel
+from services.gateway.resume.redis_keys import (
     ALIVE_TTL_S,
     RELEASED,
     StreamKeys,
@@ -62,8 +62,8 @@ from services.gateway.redis_keys import (
     replica_key,
     stream_keys,
 )
-from services.gateway.redis_log import RETRY_MAX_S, STORE_ERRORS, LogMirror, StoreMetrics
-from services.gateway.redis_tail import (
+from services.gateway.resume.redis_log import RETRY_MAX_S, STORE_ERRORS, LogMirror, StoreMetrics
+from services.gateway.resume.redis_tail import (
     Presence,
     ReaderMustMove,
     first_seq,
@@ -72,20 +72,19 @@ from services.gateway.redis_tail import (
     store_unavailable,
     tail,
 )
-from services.gateway.replay_log import Entry, ReplayLog, event_id, is_stream_id
-from services.gateway.resume_store import FoundStream, ResumeStore
-from services.gateway.settings import GatewaySettings
-from services.gateway.streams import (
+from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_stream_id
+from services.gateway.resume.store import FoundStream, ResumeStore
+from services.gateway.resume.streams import (
     MAX_ATTACH_RECORDS,
     Attach,
     ResumableStream,
     StreamPolicy,
     StreamRegistry,
 )
+from services.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from services.gateway.lease import EngineLease
-    from services.gateway.state import GatewayState
+    from services.gateway.resume.ports import Gateway, Lease
 
 log = logging.getLogger("streamlab.gateway")
 
@@ -140,7 +139,7 @@ class SharedStream(ResumableStream):
     """A stream this replica owns: its log is mirrored to Redis, and its grace
     timer asks Redis whether anyone elsewhere is reading."""
 
-    def __init__(self, stream_id: str, lease: EngineLease, log: ReplayLog,
+    def __init__(self, stream_id: str, lease: Lease, log: ReplayLog,
                  policy: StreamPolicy, registry: StreamRegistry, store: RedisStore) -> None:
         super().__init__(stream_id, lease, log, policy, registry)
         self._store = store
@@ -283,17 +282,17 @@ class RedisStore(ResumeStore):
         self._claim = self.redis.register_script(CLAIM)
         self._record_attach = self.redis.register_script(RECORD_ATTACH)
         self._attach_writes: set[asyncio.Task[None]] = set()
-        self._gateway: GatewayState | None = None  # set by open(): leases for a takeover
+        self._gateway: Gateway | None = None  # set by open(): leases for a takeover
 
     @property
     def detachable_generations(self) -> bool:  # type: ignore[override]
         return self.settings.reattach
 
-    def _build(self, stream_id: str, lease: EngineLease, log: ReplayLog, policy: StreamPolicy,
+    def _build(self, stream_id: str, lease: Lease, log: ReplayLog, policy: StreamPolicy,
                registry: StreamRegistry) -> ResumableStream:
         return SharedStream(stream_id, lease, log, policy, registry, self)
 
-    async def open(self, gateway: GatewayState) -> None:
+    async def open(self, gateway: Gateway) -> None:
         self._gateway = gateway
         self.control.start()
 
@@ -305,7 +304,7 @@ class RedisStore(ResumeStore):
         stream = self.memory.local(stream_id)
         return None if stream is None or stream.handed_off else stream
 
-    async def create(self, stream_id: str, lease: EngineLease, policy: StreamPolicy
+    async def create(self, stream_id: str, lease: Lease, policy: StreamPolicy
                      ) -> StreamPolicy:
         stream = self.memory.registry.create(stream_id, lease, policy, self._build)
         assert isinstance(stream, SharedStream)

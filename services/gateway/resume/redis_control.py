@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from services.gateway.redis_keys import ALIVE_TTL_S, control_channel, replica_key
-from services.gateway.redis_log import RETRY_FIRST_S, RETRY_MAX_S, STORE_ERRORS
+from services.gateway.resume.redis_keys import ALIVE_TTL_S, control_channel, replica_key
+from services.gateway.resume.redis_log import RETRY_FIRST_S, RETRY_MAX_S, STORE_ERRORS
 
 log = logging.getLogger("streamlab.gateway")
 
@@ -90,7 +90,7 @@ class ControlChannel:
                 backoff = RETRY_FIRST_S
                 while True:
                     # "this replica runs": readers elsewhere end a stream whose
-                    # owner stopped saying so (services/gateway/redis_tail.py)
+                    # owner stopped saying so (services/gateway/resume/redis_tail.py)
                     await self._redis.set(self._alive, self.incarnation,
                                           px=int(ALIVE_TTL_S * 1000))
                     message = await pubsub.get_message(timeout=POLL_S)

@@ -1,0 +1,41 @@
+"""Everything the lab tool raises on purpose, under one root.
+
+    StreamlabError              the root: catch it to catch any of them
+      ├── bringing a lab up and reaching it (streamlab/lab/)
+      │   ├── StartError            a lab process did not start or get ready
+      │   │                         (also a RuntimeError; processes.py)
+      │   ├── ComposeError          `docker compose` failed (also a RuntimeError;
+      │   │                         compose.py)
+      │   ├── ConfigDrift           a committed compose file differs from what
+      │   │                         `streamlab compose config` generates (compose_config.py)
+      │   ├── BackendChoiceError    an engine backend option is missing or wrong
+      │   │                         (also a ValueError; engine_backend.py)
+      │   ├── MissingCapability     a measurement needs what only a local-process lab
+      │   │                         has (also a RuntimeError; target.py)
+      │   ├── ToxiproxyError        Toxiproxy refused (.status_code) or was unreachable
+      │   │                         (0); the console answers its status, else 502
+      │   │                         (toxiproxy.py)
+      │   └── ToxicSpecError        a toxic Toxiproxy would not understand (also a
+      │                             ValueError; the console answers 400; toxiproxy.py)
+      ├── running experiments (streamlab/experiments/)
+      │   ├── ScenarioUnavailable   this lab or machine cannot run the scenario: the
+      │   │                         tests skip with its reason (also a RuntimeError;
+      │   │                         scenarios/model.py)
+      │   ├── ReadersRefused        some requests of a bench never reached the engine
+      │   │                         (also a RuntimeError; bench/slow_readers.py)
+      │   └── BrowserError          the headless browser failed (browser.py)
+      └── the web console's control API (streamlab/console/control.py)
+          ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also
+          │                         a LookupError)
+          └── EngineUnreachable     GetStats failed: 503 (also a RuntimeError)
+
+Each stays in the module that raises it; the commands (streamlab/commands/)
+turn them into a message and an exit status. The builtin base each had before
+it got this root is kept, so every `except RuntimeError` still catches it.
+"""
+
+from __future__ import annotations
+
+
+class StreamlabError(Exception):
+    """The root of every exception the lab tool raises on purpose (the tree above)."""
