@@ -11,6 +11,7 @@ the deadline the wait fails with an AssertionError that names what it waited
 for and the last value the predicate returned: a red test says what never
 happened and what was there instead. A predicate that raises ends the wait
 with its exception; catch inside the predicate what "not yet" may raise.
+A predicate typed `X | None` gives an `X`: the wait never returns the None.
 
 `wait_until_async` takes a coroutine function or a plain function and sleeps
 with `asyncio.sleep`, so the event loop (an in-process gateway or engine, a
@@ -36,7 +37,7 @@ def _timed_out(what: str, timeout_s: float, last: object) -> AssertionError:
     return AssertionError(f"not within {timeout_s:g} s: {what} (last seen: {last!r})")
 
 
-def wait_until(predicate: Callable[[], T], *, timeout_s: float, what: str,
+def wait_until(predicate: Callable[[], T | None], *, timeout_s: float, what: str,
                interval_s: float = DEFAULT_INTERVAL_S) -> T:
     """Call `predicate` until it returns something truthy and return that;
     raise AssertionError naming `what` and the last value after `timeout_s`."""
@@ -52,21 +53,32 @@ def wait_until(predicate: Callable[[], T], *, timeout_s: float, what: str,
 
 
 @overload
-async def wait_until_async(predicate: Callable[[], Awaitable[T]], *, timeout_s: float,
+async def wait_until_async(predicate: Callable[[], Awaitable[T | None]], *, timeout_s: float,
                            what: str, interval_s: float = ...) -> T: ...
 @overload
-async def wait_until_async(predicate: Callable[[], T], *, timeout_s: float,
+async def wait_until_async(predicate: Callable[[], T | None], *, timeout_s: float,
                            what: str, interval_s: float = ...) -> T: ...
 async def wait_until_async(predicate: Callable[[], object], *, timeout_s: float, what: str,
                            interval_s: float = DEFAULT_INTERVAL_S) -> object:
     """`wait_until` for async tests: `predicate` may be a coroutine function,
-    and the wait yields to the event loop between tries."""
+    and the wait yields to the event loop between tries. The deadline bounds an
+    awaited try too: a probe that hangs (a page that stopped answering) fails
+    the wait at the deadline instead of hanging the test."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    value: object = None
     while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
+        attempt = predicate()
+        if inspect.isawaitable(attempt):
+            bound = asyncio.timeout_at(deadline)
+            try:
+                async with bound:
+                    attempt = await attempt
+            except TimeoutError:
+                if not bound.expired():
+                    raise  # the probe's own timeout: its error, not the wait's
+                raise _timed_out(what, timeout_s, value) from None
+        value = attempt
         if value:
             return value
         left = deadline - loop.time()

@@ -18,6 +18,7 @@ from streamlab.lab.processes import pid_alive
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_DRAIN_GRACE_S
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -35,9 +36,8 @@ def needs_local_process(lab: Lab, name: str) -> None:
 
 async def wait_exited(lab: Lab, name: str, timeout_s: float) -> float:
     started = time.monotonic()
-    with anyio.fail_after(timeout_s):
-        while pid_alive(lab.pids[name]):  # noqa: ASYNC110 - another process
-            await anyio.sleep(0.05)
+    await wait_until_async(lambda: not pid_alive(lab.pids[name]), timeout_s=timeout_s,
+                           what=f"the {name} process ({lab.pids[name]}) to exit")
     return time.monotonic() - started
 
 

@@ -35,7 +35,7 @@ from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.integration.conftest import free_ports
-from tests.integration.engine_inproc import poll
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -102,7 +102,8 @@ async def ended(stub: pb_grpc.EngineServiceStub, request_id: str, timeout_s: flo
     async def done() -> bool:
         found = (await stats(stub, request_id)).generations
         return bool(found) and found[0].state != pb.GENERATION_STATE_RUNNING
-    await poll(done, f"generation {request_id} ends", timeout_s)
+    await wait_until_async(done, timeout_s=timeout_s, what=f"generation {request_id} ends",
+                           interval_s=0.01)
     return (await stats(stub, request_id)).generations[0]
 
 

@@ -102,3 +102,28 @@ async def test_the_async_twin_times_out_with_the_last_value() -> None:
     expected = r"not within 0.1 s: the job to expire \(last seen: \{\}\)"
     with pytest.raises(AssertionError, match=expected):
         await wait_until_async(predicate, timeout_s=0.1, what="the job to expire")
+
+
+@pytest.mark.anyio
+async def test_the_async_twin_bounds_a_probe_that_hangs() -> None:
+    calls = 0
+
+    async def predicate() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return False
+        await asyncio.Event().wait()  # never set: a page that stopped answering
+        return True
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"the page \(last seen: False\)"):
+        await wait_until_async(predicate, timeout_s=0.3, what="the page", interval_s=0.01)
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.anyio
+async def test_a_probes_own_timeout_is_its_error_not_the_waits() -> None:
+    async def predicate() -> bool:
+        raise TimeoutError("the probe's own")
+    with pytest.raises(TimeoutError, match="the probe's own"):
+        await wait_until_async(predicate, timeout_s=5, what="x")
