@@ -63,9 +63,11 @@ async def test_gateway_sigterm_finishes_short_streams_and_sends_long_ones_back(
                     await event.wait()
             os.kill(lab.pids["gateway"], signal.SIGTERM)
             # Draining: the listener stays up and says so, with a retry hint.
-            with anyio.fail_after(3):
-                while (health := await http.get(f"{lab.gateway_url}/healthz")).status_code != 503:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
+            async def draining() -> httpx.Response | None:
+                health = await http.get(f"{lab.gateway_url}/healthz")
+                return health if health.status_code == 503 else None
+            health = await wait_until_async(draining, timeout_s=3, interval_s=0.02,
+                                            what="the draining gateway's /healthz to answer 503")
             assert health.json()["status"] == "draining"
             refused = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
             assert refused.status_code == 503
@@ -107,11 +109,11 @@ async def test_engine_sigterm_finishes_live_streams_and_refuses_new_ones(
             with anyio.fail_after(5):
                 await first.wait()
             os.kill(lab.pids["engine"], signal.SIGTERM)
-            with anyio.fail_after(3):
-                while True:
-                    refused = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
-                    if refused.status_code != 200:
-                        break
+            async def refusing() -> httpx.Response | None:
+                answer = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
+                return answer if answer.status_code != 200 else None
+            refused = await wait_until_async(refusing, timeout_s=3, interval_s=0,
+                                             what="the gateway to refuse while the engine drains")
             assert refused.status_code == 503
         await wait_exited(lab, "engine", 10)
     finally:
