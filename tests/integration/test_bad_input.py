@@ -64,7 +64,7 @@ def table(results: list[tuple[Case, Outcome, str | None]]) -> str:
 
 def test_the_catalogue_is_answered(lab: LabTarget, client: httpx.Client,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """Each bullet of issue 14's "Bad input" is in the catalogue: lone
+    """Each kind of bad input the gateway once mishandled is in the catalogue: lone
     surrogates (were 500), non-ASCII ids (502), /ws frames that dropped the
     connection, types coerced to 200, nginx's HTML and text/plain errors."""
     created = client.post("/v1/streams", json={"messages": [{"role": "user", "content": "x"}],

@@ -1,4 +1,4 @@
-"""A gateway replica dies and nothing is lost (issue 16, item 4): the engine keeps
+"""A gateway replica dies and nothing is lost: the engine keeps
 a detachable generation whose caller vanished running for its orphan grace,
 and another caller re-attaches to it by request id.
 
@@ -250,7 +250,7 @@ async def test_a_dropped_call_that_is_not_detachable_is_cancelled_as_before(engi
 
 async def test_an_attach_after_the_finish_was_sent_gets_the_tail_and_the_finish(
         engine: str) -> None:
-    """Issue 16's rolling-deploy loss: the engine wrote the last tokens and the
+    """The rolling-deploy loss: the engine wrote the last tokens and the
     finish on a draining owner's call, the drain cancelled the call before the
     owner stored them, and the replica taking the stream over Attaches from the
     last index its log has. The engine must still hold the ended generation."""

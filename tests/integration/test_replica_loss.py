@@ -1,4 +1,4 @@
-"""A replica dies and nothing is lost (issue 16, item 4): real redis-server,
+"""A replica dies and nothing is lost: real redis-server,
 two real gateway processes ("a" and "b") sharing the resume log, one real
 engine (the fake model) whose resumable generations are detachable.
 
