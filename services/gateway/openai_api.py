@@ -13,10 +13,11 @@ timing for this one request, so tests and scenarios need no restarts:
 same running gateway.
 
 Three knobs select a *broken* behaviour, so the lab can show a failure and
-its fix on one running gateway (`StreamlabOptions.broken_modes`); a gateway
-with `allow_broken_modes` off refuses them with 400:
+its fix on one running gateway (the wrappers of services/gateway/broken_modes.py,
+applied in `EngineLease.events()`); a gateway with `allow_broken_modes` off
+refuses them with 400:
 
-    "relay": "detached_unbounded"  the engine writes on for nobody (relay.py)
+    "relay": "detached_unbounded"  the engine writes on for nobody
     "engine_errors": "swallow"     an engine-hop fault ends the stream with
                                    [DONE]: a cut that looks like success
     "job_ttl_s": 0                 a polling job that never expires (jobs.py)

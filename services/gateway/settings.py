@@ -18,7 +18,7 @@ class GatewaySettings(BaseSettings):
     # uvicorn's line per response. Off by default: nginx in front already logs
     # every request, and at thousands of stream set-ups a second the gateway's
     # formatting and writing of those lines takes its one worker's CPU (1.9 s
-    # of 57 in docs/profile-gateway-2500-slow-streams.txt, on the 504s alone).
+    # of 57 in docs/results/profile-gateway-2500-slow-streams.txt, on the 504s alone).
     access_log: bool = False
     # The listen socket's accept queue: a burst of new connections (thousands of
     # streams opened within seconds) waits here while the worker is busy, rather

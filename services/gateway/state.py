@@ -79,7 +79,7 @@ async def gateway_state(connection: HTTPConnection) -> GatewayState:
     # `async def`, though it awaits nothing: FastAPI runs a plain `def`
     # dependency in the thread pool, a hop through anyio's worker threads on
     # every request (4.4 s of 57 in a profile of 2,500 stream set-ups:
-    # docs/profile-gateway-2500-slow-streams.txt). tests/unit/gateway/
+    # docs/results/profile-gateway-2500-slow-streams.txt). tests/unit/gateway/
     # test_no_threadpool.py keeps every route's dependencies on the loop.
     state: GatewayState = connection.app.state.gateway
     return state

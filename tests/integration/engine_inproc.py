@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
@@ -36,16 +35,3 @@ async def record(stub: pb_grpc.EngineServiceStub, request_id: str) -> pb.Generat
     assert found, f"the engine has no record of {request_id}"
     return found[0]
 
-
-async def poll(condition: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
-    """Await `condition()` (a coroutine function) until it is truthy, or fail at the deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        await asyncio.sleep(0.01)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 from streamlab.experiments.generation_end import Stats, wait_for_end
 from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from tests.wait import wait_until
 
 
 def wait_for_generation_end(lab: Lab, request_id: str, timeout_s: float = 5.0
@@ -27,10 +26,6 @@ def ended(stats: Stats, request_id: str, timeout_s: float = 5.0) -> pb.Generatio
 def wait_for_generation_start(lab: Lab, request_id: str, timeout_s: float = 5.0
                               ) -> pb.GenerationRecord:
     """Poll GetStats until the engine has the request; fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        records = lab.engine_stats(request_id).generations
-        if records:
-            return records[0]
-        time.sleep(0.02)
-    raise AssertionError(f"the engine never saw {request_id} within {timeout_s} s")
+    records = wait_until(lambda: lab.engine_stats(request_id).generations, timeout_s=timeout_s,
+                         what=f"the engine to see {request_id}", interval_s=0.02)
+    return records[0]

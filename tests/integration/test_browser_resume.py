@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 
 from services.engine.backends.fake import token_text
 from streamlab.experiments.browser import Page, chromium_page, find_chromium
 from streamlab.lab.local import Lab
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -41,16 +41,15 @@ async def page_state(page: Page) -> dict[str, Any] | None:
 
 async def wait_for(page: Page, check: Callable[[dict[str, Any]], bool], timeout_s: float,
                    what: str) -> dict[str, Any]:
-    state: dict[str, Any] | None = None
+    async def reached() -> dict[str, Any] | None:
+        state = await page_state(page)
+        return state if state is not None and check(state) else None
     try:
-        with anyio.fail_after(timeout_s):
-            while True:
-                state = await page_state(page)
-                if state is not None and check(state):
-                    return state
-                await anyio.sleep(0.02)
-    except TimeoutError as exc:
-        raise AssertionError(f"page never reached: {what}; last state {state}") from exc
+        return await wait_until_async(reached, timeout_s=timeout_s, interval_s=0.02,
+                                      what=f"the page to reach: {what}")
+    except AssertionError as exc:
+        # The state that failed the check says more than its None.
+        raise AssertionError(f"{exc}; the page's state: {await page_state(page)}") from None
 
 
 async def test_browser_event_source_resumes_after_a_mid_stream_cut(lab: Lab) -> None:

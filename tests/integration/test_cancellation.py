@@ -24,6 +24,7 @@ from streamlab.lab.local import Lab
 from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -128,19 +129,15 @@ def test_ctrl_c_in_streamlab_chat_cancels_the_generation(lab: Lab) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"},
         # Ctrl-C as a terminal delivers it: to a CLI whose SIGINT is the default. A
         # suite started in the background (`make test &`) runs with SIGINT ignored,
-        # which a child inherits and Python then leaves ignored (issue 14).
+        # which a child inherits and Python then leaves ignored.
         preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
-        # Wait (with a deadline) until the engine is generating for this request.
-        deadline = time.monotonic() + 30  # a CLI start on a busy machine
-        while time.monotonic() < deadline:
+        def generating() -> bool:
             records = lab.engine_stats(rid).generations
-            if records and records[0].tokens_generated >= 2:
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail("streamlab chat never started generating")
+            return bool(records) and records[0].tokens_generated >= 2
+        wait_until(generating, timeout_s=30,  # a CLI start on a busy machine
+                   interval_s=0.02, what="streamlab chat's generation under way")
         chat.send_signal(signal.SIGINT)
         left_at = time.monotonic()
         assert chat.wait(timeout=10) == 130

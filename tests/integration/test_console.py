@@ -35,6 +35,7 @@ from streamlab.experiments.browser import Page, chromium_page, find_chromium
 from streamlab.experiments.scenarios import CATALOGUE, MODES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import HOP_NAMES, REPO_ROOT, console_url
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -80,18 +81,12 @@ async def wait_for(page: Page, expression: str, timeout_s: float, what: str) -> 
     """Poll a JS expression until it is truthy (its value is returned), with a deadline.
     Page.navigate returns before the new document runs, so a ReferenceError is 'not yet'."""
     guarded = f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return null; }} }})()"
-    value: Any = None
     try:
-        with anyio.fail_after(timeout_s):
-            while True:
-                value = await page.evaluate(guarded)
-                if value:
-                    return value
-                await anyio.sleep(0.05)
-    except TimeoutError as exc:
+        return await wait_until_async(lambda: page.evaluate(guarded), timeout_s=timeout_s,
+                                      what=f"the page to reach: {what}")
+    except AssertionError as exc:
         errors = await page.evaluate("JSON.stringify(window.consoleState?.errors ?? null)")
-        raise AssertionError(f"page never reached: {what} (last {value!r}; page errors "
-                             f"{errors})") from exc
+        raise AssertionError(f"{exc}; page errors {errors}") from None
 
 
 async def lanes(page: Page) -> list[dict[str, Any]]:

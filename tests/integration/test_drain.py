@@ -18,6 +18,7 @@ from streamlab.lab.processes import pid_alive
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_DRAIN_GRACE_S
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -35,9 +36,8 @@ def needs_local_process(lab: Lab, name: str) -> None:
 
 async def wait_exited(lab: Lab, name: str, timeout_s: float) -> float:
     started = time.monotonic()
-    with anyio.fail_after(timeout_s):
-        while pid_alive(lab.pids[name]):  # noqa: ASYNC110 - another process
-            await anyio.sleep(0.05)
+    await wait_until_async(lambda: not pid_alive(lab.pids[name]), timeout_s=timeout_s,
+                           what=f"the {name} process ({lab.pids[name]}) to exit")
     return time.monotonic() - started
 
 
@@ -63,9 +63,11 @@ async def test_gateway_sigterm_finishes_short_streams_and_sends_long_ones_back(
                     await event.wait()
             os.kill(lab.pids["gateway"], signal.SIGTERM)
             # Draining: the listener stays up and says so, with a retry hint.
-            with anyio.fail_after(3):
-                while (health := await http.get(f"{lab.gateway_url}/healthz")).status_code != 503:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
+            async def draining() -> httpx.Response | None:
+                health = await http.get(f"{lab.gateway_url}/healthz")
+                return health if health.status_code == 503 else None
+            health = await wait_until_async(draining, timeout_s=3, interval_s=0.02,
+                                            what="the draining gateway's /healthz to answer 503")
             assert health.json()["status"] == "draining"
             refused = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
             assert refused.status_code == 503
@@ -107,11 +109,11 @@ async def test_engine_sigterm_finishes_live_streams_and_refuses_new_ones(
             with anyio.fail_after(5):
                 await first.wait()
             os.kill(lab.pids["engine"], signal.SIGTERM)
-            with anyio.fail_after(3):
-                while True:
-                    refused = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
-                    if refused.status_code != 200:
-                        break
+            async def refusing() -> httpx.Response | None:
+                answer = await http.post(url(lab), json=chat_body("new", answer_tokens=1))
+                return answer if answer.status_code != 200 else None
+            refused = await wait_until_async(refusing, timeout_s=3, interval_s=0,
+                                             what="the gateway to refuse while the engine drains")
             assert refused.status_code == 503
         await wait_exited(lab, "engine", 10)
     finally:

@@ -15,8 +15,9 @@ import pytest
 from services.engine.settings import EngineSettings, HFSettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
-from tests.integration.engine_inproc import poll, record, running_engine, stats
+from tests.integration.engine_inproc import record, running_engine, stats
 from tests.integration.hf_fixtures import LONG_ANSWER
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -95,15 +96,18 @@ async def test_a_cancelled_sequence_leaves_the_batch_within_one_step(tiny_model_
         counts = [0] * len(calls)
         readers = [asyncio.create_task(_read(call, counts, i)) for i, call in enumerate(calls)]
         try:
-            await poll(lambda: min(counts) >= 3, "all eight decode")
+            await wait_until_async(lambda: min(counts) >= 3, timeout_s=10, what="all eight decode",
+                                   interval_s=0.01)
             leaver = readers[0]
             leaver.cancel()
             calls[0].cancel()
-            await poll(lambda: _ended(stub, "row-0"), "the cancel reaches the engine")
+            await wait_until_async(lambda: _ended(stub, "row-0"), timeout_s=10,
+                                   what="the cancel reaches the engine", interval_s=0.01)
             at_end = await record(stub, "row-0")
             # The batch goes on without it: four more steps for every other row.
             seen = counts[1]
-            await poll(lambda: counts[1] >= seen + 4, "the others keep decoding")
+            await wait_until_async(lambda: counts[1] >= seen + 4, timeout_s=10,
+                                   what="the others keep decoding", interval_s=0.01)
             final = await record(stub, "row-0")
             others = [await record(stub, f"row-{i}") for i in range(1, len(calls))]
         finally:

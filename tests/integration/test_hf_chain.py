@@ -15,6 +15,7 @@ from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end
 from tests.integration.hf_fixtures import LONG_ANSWER
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -78,12 +79,17 @@ async def test_the_queue_is_visible_and_a_waiter_that_leaves_is_removed(
         waiter = asyncio.create_task(stream_chat(
             http, completions(hf_lab), chat_body("wait for it", max_tokens=5),
             headers={"X-Request-Id": waiter_id}))
-        await _until(lambda: hf_lab.engine_stats().load.queue_waiting == 1)
+        # GetStats from a thread: the waiter's stream runs on this loop meanwhile.
+        await wait_until_async(
+            lambda: asyncio.to_thread(lambda: hf_lab.engine_stats().load.queue_waiting == 1),
+            timeout_s=10.0, interval_s=0.02, what="the third request waiting in the queue")
         load = hf_lab.engine_stats().load
         assert (load.running, load.running_limit, load.queue_limit) == (2, 2, 2)
 
         waiter.cancel()  # the client closes its connection while it waits
-        await _until(lambda: hf_lab.engine_stats().load.queue_waiting == 0)
+        await wait_until_async(
+            lambda: asyncio.to_thread(lambda: hf_lab.engine_stats().load.queue_waiting == 0),
+            timeout_s=10.0, interval_s=0.02, what="the cancelled waiter gone from the queue")
         # It left before reaching the model: no generation was ever started for it.
         assert not hf_lab.engine_stats(waiter_id).generations
         for rid in holders_ids:
@@ -100,10 +106,3 @@ async def test_the_queue_is_visible_and_a_waiter_that_leaves_is_removed(
 def _setter(event: asyncio.Event) -> Callable[[str], None]:
     return lambda _: event.set()
 
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if await asyncio.to_thread(condition):
-                return
-            await asyncio.sleep(0.02)

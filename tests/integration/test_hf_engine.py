@@ -11,8 +11,9 @@ import pytest
 
 from services.engine.settings import EngineSettings, HFSettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from tests.integration.engine_inproc import poll, record, running_engine, stats
+from tests.integration.engine_inproc import record, running_engine, stats
 from tests.integration.hf_fixtures import LONG_ANSWER
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -105,7 +106,8 @@ async def test_a_cancel_stops_decoding_at_the_next_step(tiny_model_dir: Path) ->
             if received == 5:
                 break
         call.cancel()
-        await poll(lambda: _ended(stub, "leaver"), "the cancel reaches the engine")
+        await wait_until_async(lambda: _ended(stub, "leaver"), timeout_s=10,
+                               what="the cancel reaches the engine", interval_s=0.01)
         at_end = await record(stub, "leaver")
 
         # One decode thread: once a later generation is done, any step of the
@@ -134,7 +136,8 @@ async def test_one_decodes_one_waits_one_is_refused_and_a_cancelled_waiter_leave
         waiter = stub.Generate(pb.GenerateRequest(request_id="waiter", prompt="b",
                                                   max_tokens=5), timeout=60)
         await waiter.initial_metadata()
-        await poll(lambda: _queue_is(stub, 1), "the second request waits in the queue")
+        await wait_until_async(lambda: _queue_is(stub, 1), timeout_s=10,
+                               what="the second request waits in the queue", interval_s=0.01)
 
         refused = stub.Generate(pb.GenerateRequest(prompt="c", max_tokens=5), timeout=60)
         with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -145,7 +148,8 @@ async def test_one_decodes_one_waits_one_is_refused_and_a_cancelled_waiter_leave
         assert (load.running, load.running_limit, load.queue_limit) == (1, 1, 1)
         assert load.device == "cpu"
         waiter.cancel()
-        await poll(lambda: _queue_is(stub, 0), "the cancelled waiter leaves the queue")
+        await wait_until_async(lambda: _queue_is(stub, 0), timeout_s=10,
+                               what="the cancelled waiter leaves the queue", interval_s=0.01)
         # It never reached the model: no generation was started for it.
         assert not (await stats(stub, "waiter")).generations
         assert (await record(stub, "running")).state == pb.GENERATION_STATE_RUNNING

@@ -8,7 +8,6 @@ import json
 import uuid
 from collections.abc import Callable
 
-import anyio
 import grpc
 import httpx
 import pytest
@@ -24,6 +23,7 @@ from tests.integration.conftest import (
     ExtraGateway,
     free_ports,
 )
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -55,12 +55,10 @@ async def test_a_claimed_client_id_does_not_buy_another_cap(
         assert refused.json()["error"]["code"] == "too_many_streams"
         assert not lab.engine_stats(rid).generations  # nothing started at the engine
     # Closing the held streams gives the slots back.
-    with anyio.fail_after(10):
-        while True:
-            again = await http.post(url(lab), json=QUICK)
-            if again.status_code == 200:
-                break
-            await anyio.sleep(0.05)
+    async def slot_free() -> bool:
+        return (await http.post(url(lab), json=QUICK)).status_code == 200
+    await wait_until_async(slot_free, timeout_s=10,
+                           what="a slot back (200) after the held streams closed")
 
 
 KEYS = ("sk-hog", "sk-polite")
@@ -125,9 +123,9 @@ async def test_full_engine_queue_is_refused_at_once_as_429(
             for call in calls:
                 await call.initial_metadata()
             running = TEST_ENGINE_RUNNING * len(stubs)
-            with anyio.fail_after(5):
-                while lab.engine_stats().generations_active < running:  # noqa: ASYNC110 - polling another process
-                    await anyio.sleep(0.05)
+            await wait_until_async(
+                lambda: lab.engine_stats().generations_active >= running, timeout_s=5,
+                what=f"{running} generations running (every engine full)")
             started = lab.engine_stats().generations_started
             for stub in stubs:
                 over = stub.Generate(pb.GenerateRequest(prompt="x", timing=timing))

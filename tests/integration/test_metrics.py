@@ -6,7 +6,6 @@ Figures are deltas between two scrapes: the lab is shared by the session."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.lab.target import LabTarget
 from tests.integration.engine_probe import ended
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -123,14 +123,12 @@ async def test_a_client_that_leaves_is_one_cancel_latency_and_one_cancelled_gene
                                headers={"X-Request-Id": rid}, stop_after_tokens=3)
     assert result.left_at is not None
     record = ended(lab.engine_stats, rid)
-    # The gateway times the cancel when its close runs: poll for it, with a deadline.
-    deadline = time.monotonic() + 5.0
-    while True:
+    # The gateway times the cancel when its close runs: poll for it.
+    async def cancel_timed() -> Callable[..., float] | None:
         gw = delta(gw0, await scrape(http, gateway_url))
-        if gw("streamlab_gateway_cancel_latency_seconds_count", surface="sse") or (
-                time.monotonic() > deadline):
-            break
-        await anyio.sleep(0.02)
+        return gw if gw("streamlab_gateway_cancel_latency_seconds_count", surface="sse") else None
+    gw = await wait_until_async(cancel_timed, timeout_s=5.0, interval_s=0.02,
+                                what="the gateway to time the SSE stream's cancel")
     en = delta(en0, await scrape(http, engine_url))
 
     assert gw("streamlab_gateway_cancel_latency_seconds_count", surface="sse") == 1

@@ -24,6 +24,7 @@ from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import ExtraGateway
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -78,13 +79,12 @@ async def test_abandoned_job_leaks_without_ttl_and_is_cancelled_with_it(
     # ...while the other engine call goes on writing for nobody. Both jobs step
     # on the engine's one batched clock, so right at the cancel they can hold the
     # same count: watch the leaked one pass it (a few steps), still running.
-    with anyio.fail_after(5):
-        while True:
-            record_off = await anyio.to_thread.run_sync(state_of, lab, ids["off"])
-            assert record_off.state == pb.GENERATION_STATE_RUNNING
-            if record_off.tokens_generated > record_on.tokens_generated + 5:
-                break
-            await anyio.sleep(0.05)
+    async def leaked_past_the_reaped() -> bool:
+        record_off = await anyio.to_thread.run_sync(state_of, lab, ids["off"])
+        assert record_off.state == pb.GENERATION_STATE_RUNNING  # at every look, not just the last
+        return record_off.tokens_generated > record_on.tokens_generated + 5
+    await wait_until_async(leaked_past_the_reaped, timeout_s=5,
+                           what="the unreaped job to generate past the reaped one")
 
     # The reaped job is gone; the leaked one is still held, tokens and all.
     assert (await http.get(f"{reaping}/v1/jobs/{jobs['on']}")).status_code == 404

@@ -1,4 +1,4 @@
-"""A gateway replica dies and nothing is lost (issue 16, item 4): the engine keeps
+"""A gateway replica dies and nothing is lost: the engine keeps
 a detachable generation whose caller vanished running for its orphan grace,
 and another caller re-attaches to it by request id.
 
@@ -35,7 +35,7 @@ from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.integration.conftest import free_ports
-from tests.integration.engine_inproc import poll
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -102,7 +102,8 @@ async def ended(stub: pb_grpc.EngineServiceStub, request_id: str, timeout_s: flo
     async def done() -> bool:
         found = (await stats(stub, request_id)).generations
         return bool(found) and found[0].state != pb.GENERATION_STATE_RUNNING
-    await poll(done, f"generation {request_id} ends", timeout_s)
+    await wait_until_async(done, timeout_s=timeout_s, what=f"generation {request_id} ends",
+                           interval_s=0.01)
     return (await stats(stub, request_id)).generations[0]
 
 
@@ -249,7 +250,7 @@ async def test_a_dropped_call_that_is_not_detachable_is_cancelled_as_before(engi
 
 async def test_an_attach_after_the_finish_was_sent_gets_the_tail_and_the_finish(
         engine: str) -> None:
-    """Issue 16's rolling-deploy loss: the engine wrote the last tokens and the
+    """The rolling-deploy loss: the engine wrote the last tokens and the
     finish on a draining owner's call, the drain cancelled the call before the
     owner stored them, and the replica taking the stream over Attaches from the
     last index its log has. The engine must still hold the ended generation."""

@@ -13,7 +13,6 @@ import asyncio
 import functools
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import anyio
@@ -33,6 +32,7 @@ from tests.integration.conftest import (
     TEST_SEND_TIMEOUT_S,
 )
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -79,9 +79,8 @@ def started(lab: Lab) -> dict[str, int]:
 
 
 async def wait_idle(lab: Lab) -> None:
-    with anyio.fail_after(15):
-        while any(active(lab).values()):  # noqa: ASYNC110 - other processes
-            await anyio.sleep(0.05)
+    await wait_until_async(lambda: not any(active(lab).values()), timeout_s=15,
+                           what="every engine idle")
 
 
 def short_body() -> dict[str, object]:
@@ -158,9 +157,8 @@ async def test_a_draining_engine_gets_no_new_calls(replica_lab: Lab) -> None:
     pid = lab.pids["engine-2"]
     os.kill(pid, signal.SIGUSR1)
     try:
-        with anyio.fail_after(5):
-            while lab.engine_healthy("engine-2"):  # noqa: ASYNC110 - another process
-                await anyio.sleep(0.05)
+        await wait_until_async(lambda: not lab.engine_healthy("engine-2"), timeout_s=5,
+                               what="engine-2 to answer NOT_SERVING after SIGUSR1")
         before = started(lab)
         async with httpx.AsyncClient(timeout=10.0) as client:
             for _ in range(8):
@@ -171,12 +169,16 @@ async def test_a_draining_engine_gets_no_new_calls(replica_lab: Lab) -> None:
     finally:
         os.kill(pid, signal.SIGUSR2)
     # Back in rotation once it serves again (the channel's health watch says so).
-    deadline = time.monotonic() + 10
     drained_count = started(lab)["engine-2"]
     async with httpx.AsyncClient(timeout=10.0) as client:
-        while started(lab)["engine-2"] == drained_count:
-            assert time.monotonic() < deadline, "engine-2 never got a call after SIGUSR2"
+        async def engine_2_serves() -> bool:
+            # Each try sends a stream: the balancer only shows its choice on traffic.
+            if started(lab)["engine-2"] != drained_count:
+                return True
             await short_stream(client, lab)
+            return False
+        await wait_until_async(engine_2_serves, timeout_s=10, interval_s=0,
+                               what="engine-2 to get a call after SIGUSR2")
 
 
 async def test_stopping_and_restarting_one_gateway_keeps_the_chain_serving(
@@ -192,10 +194,15 @@ async def test_stopping_and_restarting_one_gateway_keeps_the_chain_serving(
             await short_stream(client, lab)
         lab.start_service("gateway-2")
         before = metric(lab, "gateway-2", "streamlab_gateway_tokens_relayed_total")
-        deadline = time.monotonic() + 10
-        while metric(lab, "gateway-2", "streamlab_gateway_tokens_relayed_total") == before:
-            assert time.monotonic() < deadline, "gateway-2 took no stream after its restart"
+
+        async def gateway_2_serves() -> bool:
+            # Each try sends a stream: nginx only shows its choice on traffic.
+            if metric(lab, "gateway-2", "streamlab_gateway_tokens_relayed_total") != before:
+                return True
             await short_stream(client, lab)
+            return False
+        await wait_until_async(gateway_2_serves, timeout_s=10, interval_s=0,
+                               what="gateway-2 to take a stream after its restart")
     assert lab.status()["gateway-2"]["healthy"]
 
 

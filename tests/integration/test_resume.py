@@ -27,6 +27,7 @@ from streamlab_protocol.sse import Comment, SSEDecoder
 from tests.integration.conftest import TEST_HEARTBEAT_S
 from tests.integration.engine_probe import wait_for_generation_end
 from tests.integration.wire import capture, header_length, offset_after
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -98,14 +99,6 @@ async def reference_wire(lab: Lab, client: httpx.AsyncClient, hop: str) -> bytes
         port = lab.ports.edge_port if hop == "edge" else lab.ports.upstream_port
         _reference[key] = await capture(lab.ports.host, port, created["events_url"])
     return _reference[key]
-
-
-async def poll_until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    with anyio.fail_after(timeout_s):
-        while True:
-            if await check():
-                return
-            await anyio.sleep(0.02)
 
 
 def ends_mid_character(raw: bytes) -> bool:
@@ -325,7 +318,8 @@ async def test_a_replay_that_cannot_be_complete_says_so(
         status = await fresh.get(f"{lab.edge_url}/v1/streams/{stream_id}")
         return bool(status.json()["state"] != "running")
 
-    await poll_until(finished, 5.0)
+    await wait_until_async(finished, timeout_s=5.0, interval_s=0.02,
+                           what=f"stream {stream_id} no longer running")
     seen = len(first.tokens)
     assert seen < TOKENS - 5
     sent = f"{stream_id}:{seen}" if seen else None
@@ -373,7 +367,8 @@ async def test_unknown_expired_and_bad_ids_get_answers_that_stop_an_event_source
     async def evicted() -> bool:
         return await status_of() == 410
 
-    await poll_until(evicted, 10.0)
+    await wait_until_async(evicted, timeout_s=10.0, interval_s=0.02,
+                           what=f"stream {stream_id} evicted (410) after its TTL")
     gone = await fresh.get(events_url, headers={"Last-Event-ID": f"{stream_id}:2"})
     assert gone.status_code == 410
     assert gone.json()["error"]["code"] == "stream_expired"

@@ -15,7 +15,7 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -37,6 +37,7 @@ from tests.integration.redis_fixtures import (
     StoreHop,
     create_stream,
 )
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -149,14 +150,14 @@ def attaches_within(http: httpx.Client, base_url: str, stream_id: str, count: in
                     timeout_s: float = 5.0) -> list[dict[str, Any]]:
     """The status's attach records once there are `count` (each replica writes
     its readers' records to Redis in the background, a few ms after they attach)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def enough() -> list[dict[str, Any]]:
         attaches: list[dict[str, Any]] = http.get(
             f"{base_url}/v1/streams/{stream_id}").json()["attaches"]
-        if len(attaches) >= count or time.monotonic() > deadline:
-            assert len(attaches) == count, attaches
-            return attaches
-        time.sleep(0.02)
+        return attaches if len(attaches) >= count else []
+    attaches = wait_until(enough, timeout_s=timeout_s, interval_s=0.02,
+                          what=f"{count} attach records in {stream_id}'s status")
+    assert len(attaches) == count, attaches
+    return attaches
 
 
 def metric(http: httpx.Client, base_url: str, name: str) -> float:
@@ -210,12 +211,8 @@ def test_the_answers_on_another_replica_match_the_owners(
         assert http.delete(f"{base}/v1/streams/{stream_id}",
                            headers={"X-Forwarded-For": "10.9.9.9"}).status_code == 404
     expired = create(http, a, tokens=1, gap_ms=1, ttl_s=0)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if http.get(f"{b}/v1/streams/{expired}").status_code == 410:
-            break
-        time.sleep(0.05)
-    assert http.get(f"{b}/v1/streams/{expired}").status_code == 410
+    wait_until(lambda: http.get(f"{b}/v1/streams/{expired}").status_code == 410, timeout_s=5,
+               what="a stream with a 0 s TTL to be gone (410) on the other replica")
 
 
 def test_delete_on_one_replica_cancels_the_engine_call_owned_by_another(
@@ -350,14 +347,14 @@ def test_a_resume_while_redis_is_down_is_a_clear_error_and_the_owner_keeps_strea
         # Redis is back with its data: the owner's retried writes land, and a
         # resume on b gets exactly the rest of the text.
         resumed_after = 5
-        deadline = time.monotonic() + 10
-        while True:
+        def resumed() -> list[Event]:
             response, rest = read_events(http, b, stream_id,
                                          last_event_id=f"{stream_id}:{resumed_after}")
             if response.status_code == 200 and rest and rest[-1].event == "done":
-                break
-            assert time.monotonic() < deadline, (response.status_code, rest[-1:])
-            time.sleep(0.1)
+                return rest
+            return []  # not yet: the owner's retried writes have not landed
+        rest = wait_until(resumed, timeout_s=10, interval_s=0.1,
+                          what="a resume on b that reads on to `done`")
         assert seqs(rest) == list(range(resumed_after + 1, 62))
         assert text_of(rest) == "".join(token_text(i) for i in range(resumed_after, 60))
 
@@ -408,7 +405,8 @@ def test_a_store_outage_longer_than_the_alive_key_does_not_hand_a_live_stream_ov
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reader = pool.submit(read_on_b)
-        wait_for(lambda: len(events) >= 2, 10.0, "b's reader under way")
+        wait_until(lambda: len(events) >= 2, timeout_s=10.0, interval_s=0.02,
+                   what="b's reader under way")
         store_hop.toxiproxy.add_toxic("store", Toxic("timeout", {"timeout": 0}, "upstream"))
         try:
             # The outage: long enough for the owner's control loop to be deep in
@@ -433,9 +431,3 @@ def test_a_store_outage_longer_than_the_alive_key_does_not_hand_a_live_stream_ov
                  if line.startswith(reattached) and float(line.split()[-1]) > 0]
     assert not takeovers, f"b took over a stream whose owner was alive: {takeovers}"
 
-
-def wait_for(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.02)

@@ -10,11 +10,12 @@ import anyio
 import httpx
 import pytest
 
-from services.client.openai_stream import chat_body, stream_chat
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_HEARTBEAT_S
 from tests.integration.engine_probe import wait_for_generation_end
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -145,12 +146,11 @@ async def test_engine_down_is_a_clear_error_not_a_hang(lab: Lab, http: httpx.Asy
             await anyio.to_thread.run_sync(lab.start_service, engine)
 
     # A restarted engine serves again without restarting the gateway.
-    with anyio.fail_after(10):
-        while True:
-            again = await stream_chat(http, completions(lab.edge_url), body)
-            if again.status == 200:
-                break
-            await anyio.sleep(0.1)
+    async def served() -> StreamResult | None:
+        result = await stream_chat(http, completions(lab.edge_url), body)
+        return result if result.status == 200 else None
+    again = await wait_until_async(served, timeout_s=10, interval_s=0.1,
+                                   what="a stream served (200) by the restarted engine")
     assert again.done
     assert len(again.texts) == 3
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from streamlab.cli import app
 from streamlab.lab.local import Lab, find_toxiproxy
 from streamlab.lab.toxiproxy import TOXIC_TYPES, Toxic, Toxiproxy
 from tests.integration.conftest import AddToxic
+from tests.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -228,10 +228,8 @@ async def test_removing_a_timeout_toxic_closes_the_connection(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(stream)
         # Wait (with a deadline) until the request is through, then open the hole.
-        deadline = time.monotonic() + 5.0
-        while not lab.engine_stats(request_id).generations:
-            assert time.monotonic() < deadline, "the request never reached the engine"
-            await anyio.sleep(0.02)
+        await wait_until_async(lambda: lab.engine_stats(request_id).generations, timeout_s=5.0,
+                               interval_s=0.02, what="the request to reach the engine")
         toxiproxy.remove_toxic("edge", "hole")
     (result,) = results
     assert result.texts == []  # nothing was let through: the connection was closed
