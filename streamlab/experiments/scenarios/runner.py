@@ -119,20 +119,23 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing, *,
     if not isinstance(measured, Measured):
         measured = Measured(measured)
     figures: Figures = dict(measured.figures)
-    artifacts: list[Artifact] = []
-    if measured.timelines:
-        folder = out_dir or artifacts_dir(lab)
-        folder.mkdir(parents=True, exist_ok=True)
-        for timeline in measured.timelines:
-            path = folder / f"{scenario.name}-{mode}-{timeline.name}.json"
-            path.write_text(json.dumps(timeline.data))
-            artifacts.append(Artifact("timeline", str(path), timeline.title))
     return Report(
         experiment=scenario.name, variant=mode, story=variant.story, figures=figures,
         checks=judge(variant.expect, figures, timing),
         other_checks=judge(scenario.variant(other).expect, figures, timing),
-        artifacts=tuple(artifacts),
+        artifacts=_write_timelines(measured, f"{scenario.name}-{mode}",
+                                   out_dir or artifacts_dir(lab)),
     )
+
+
+def _write_timelines(measured: Measured, stem: str, folder: Path) -> tuple[Artifact, ...]:
+    artifacts = []
+    for timeline in measured.timelines:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}-{timeline.name}.json"
+        path.write_text(json.dumps(timeline.data))
+        artifacts.append(Artifact("timeline", str(path), timeline.title))
+    return tuple(artifacts)
 
 
 def not_run(scenario: str, mode: Mode, status: Literal["skipped", "error"], reason: str
