@@ -21,7 +21,8 @@ the jitter and the admission.
 The client is a cheap one: raw asyncio sockets, HTTP/1.0 (the body is the SSE
 text itself, no chunked framing), a minimal SSE split, the EventSource rules
 (wait `retry:` after any loss, then GET with Last-Event-ID). It notes every
-connection attempt: the reconnect timeline (plot_timeline draws it).
+connection attempt: the reconnect timeline, which the run writes as its
+report's artifact (load_timelines reads it back, plot_timeline draws it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from services.client.openai_stream import chat_body
-from streamlab.experiments.report import Check, Report
+from streamlab.experiments.report import Check
 from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Timeline, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab
@@ -321,12 +322,12 @@ RECONNECT_STORM = Scenario(
 register(RECONNECT_STORM)
 
 
-def load_timelines(reports: Iterable[Report]) -> dict[str, dict[str, Any]]:
-    """The timelines that `scenario run reconnect-storm` wrote, per mode, from
-    its reports' artifacts (the input of plot_timeline)."""
-    return {report.variant: json.loads(Path(artifact.path).read_text())
-            for report in reports for artifact in report.artifacts
-            if artifact.kind == "timeline"}
+def load_timelines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """The timeline files `scenario run reconnect-storm` wrote (its reports'
+    artifacts: <run dir>/scenarios/reconnect-storm-<mode>-attempts.json), per
+    mode: the input of plot_timeline."""
+    timelines = (json.loads(path.read_text()) for path in paths)
+    return {timeline["mode"]: timeline for timeline in timelines}
 
 
 def plot_timeline(timelines: dict[str, dict[str, Any]], path: Path) -> None:
