@@ -191,7 +191,6 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
         "unexpected": sum(not p.as_expected for p in runs),
         "skipped": sum(p.status == "skipped" for p in runs),
     }
-    return Report(experiment="scenarios", story=(
-        f"{len(runs)} runs" + (f", shuffled with --seed {plan.seed}"
-                               if plan.seed is not None else "")),
-        figures=figures, parts=tuple(rounds))
+    story = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + (
+        f", shuffled with --seed {plan.seed}" if plan.seed is not None else "")
+    return Report(experiment="scenarios", story=story, figures=figures, parts=tuple(rounds))
