@@ -10,8 +10,8 @@
       │   │                         `streamlab compose config` generates (compose_config.py)
       │   ├── BackendChoiceError    an engine backend option is missing or wrong
       │   │                         (also a ValueError; engine_backend.py)
-      │   ├── MissingCapability     a measurement needs what only a local-process lab
-      │   │                         has (also a RuntimeError; target.py)
+      │   ├── MissingCapability     an experiment needs a capability this lab lacks
+      │   │                         (pids, logs, ...; also a RuntimeError; target.py)
       │   ├── ToxiproxyError        Toxiproxy refused (.status_code) or was unreachable
       │   │                         (0); the console answers its status, else 502
       │   │                         (toxiproxy.py)
@@ -21,6 +21,8 @@
       │   ├── ScenarioUnavailable   this lab or machine cannot run the scenario: the
       │   │                         tests skip with its reason (also a RuntimeError;
       │   │                         scenarios/model.py)
+      │   ├── TargetUnreachable     the lab's Toxiproxy does not answer: the plan stops,
+      │   │                         exit status 3 (also a RuntimeError; scenarios/runner.py)
       │   ├── ReadersRefused        some requests of a bench never reached the engine
       │   │                         (also a RuntimeError; bench/slow_readers.py)
       │   └── BrowserError          the headless browser failed (browser.py)

@@ -3,16 +3,18 @@
     streamlab scenario list
     streamlab scenario list --json                # the catalogue as data
     streamlab scenario run idle-cut --both        # exit 0 only if every verdict is as expected
-    streamlab scenario run all --json             # every scenario, machine-readable
+    streamlab scenario run all --json             # every scenario: one report, machine-readable
     streamlab scenario run all --shuffle --repeat 3 [--seed S]
                                                   # any order: each repeat shuffled
+
+The command parses, calls the runner (streamlab/experiments/scenarios/runner.py:
+run_plan, which holds the run/skip/error policy) and renders its Report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,14 +22,19 @@ from rich.console import Console
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.lab.toxiproxy import ToxiproxyError
 
 if TYPE_CHECKING:
-    from streamlab.experiments.report import Figure
-    from streamlab.experiments.scenarios import Mode, Outcome, Scenario
+    from streamlab.experiments.report import Figure, Report
+    from streamlab.experiments.scenarios import Mode, Scenario
 
 # The catalogue (and the websockets client its measures use) is imported inside
 # the commands: every `streamlab ...` start would otherwise pay for it.
+
+EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_CODES = """Exit status: 0 every verdict as expected (a scenario this machine cannot
+run is shown as skipped and is no wrong verdict); 1 a verdict not as expected (a
+check failed, or a measure crashed: an error); 2 usage (an unknown scenario or
+option); 3 the target is unreachable (no lab up, its Toxiproxy API down)."""
 
 app = typer.Typer(help="Reproduce each streaming failure, broken and fixed, and measure it.",
                   no_args_is_help=True)
@@ -42,25 +49,26 @@ def list_scenarios(
                        "the default timing).")] = False,
 ) -> None:
     """Every scenario, and what its broken and fixed setups are."""
-    from streamlab.experiments.scenarios import CATALOGUE, Timing
+    from streamlab.experiments.scenarios import Timing, all_scenarios
 
     if as_json:
-        print(json.dumps([s.as_json(Timing()) for s in CATALOGUE.values()], indent=2))
+        print(json.dumps([s.as_json(Timing()) for s in all_scenarios()], indent=2))
         return
     table = Table("scenario", "what it shows", "broken", "fixed")
-    for scenario in CATALOGUE.values():
+    for scenario in all_scenarios():
         table.add_row(scenario.name, scenario.summary, scenario.broken.story,
                       scenario.fixed.story)
     console.print(table)
 
 
-@app.command("run")
+@app.command("run", epilog=EXIT_CODES)
 def run_command(
     name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.")],
     broken: Annotated[bool, typer.Option("--broken", help="Only the broken setup.")] = False,
     fixed: Annotated[bool, typer.Option("--fixed", help="Only the fixed setup.")] = False,
     both: Annotated[bool, typer.Option("--both", help="Both (the default).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Machine-readable output: the whole run as one report.")] = False,
     all_figures: Annotated[bool, typer.Option(
         "--all-figures", help="Every measured figure, not only the scenario's own.")] = False,
     run_dir: RunDir = DEFAULT_RUN_DIR,
@@ -88,132 +96,107 @@ def run_command(
 
     Exits 0 only when every verdict is as expected: the broken setup broke and
     the fixed one worked."""
-    from streamlab.experiments.scenarios import CATALOGUE, MODES, run, timing_for
-    from streamlab.experiments.scenarios.model import ScenarioUnavailable
-    from streamlab.experiments.scenarios.runner import plan_runs
+    from streamlab.experiments import scenarios
 
-    if name != "all" and name not in CATALOGUE:
-        err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(CATALOGUE)}, all")
-        raise typer.Exit(2)
-    modes: tuple[Mode, ...] = MODES if both or broken == fixed else (
+    known = scenarios.names()
+    if name != "all" and name not in known:
+        err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(known)}, all")
+        raise typer.Exit(EXIT_USAGE)
+    modes: tuple[Mode, ...] = scenarios.MODES if both or broken == fixed else (
         ("broken",) if broken else ("fixed",))
-    names = list(CATALOGUE) if name == "all" else [name]
-    plan = plan_runs(names, modes, repeat=repeat, shuffle=shuffle, seed=seed)
+    plan = scenarios.plan_runs(list(known) if name == "all" else [name], modes,
+                               repeat=repeat, shuffle=shuffle, seed=seed)
+    try:
+        lab = attached(run_dir)
+    except typer.Exit as exc:  # attached() has said why: no lab from run_dir
+        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    timing = scenarios.timing_for(
+        lab, prefill_ms=prefill_ms, gap_ms=gap_ms, tokens=tokens, think_s=think_s,
+        heartbeat_s=heartbeat_s, watchdog_s=watchdog_s, tolerance_s=tolerance_s,
+        load_scale=load_scale)
     # One table per scenario (its modes side by side) unless the order is mixed
     # or repeated; then one table per run and a summary of every run at the end.
-    per_run = shuffle or repeat > 1
-    lab = attached(run_dir)
-    timing = timing_for(lab, prefill_ms=prefill_ms, gap_ms=gap_ms, tokens=tokens,
-                        think_s=think_s, heartbeat_s=heartbeat_s, watchdog_s=watchdog_s,
-                        tolerance_s=tolerance_s, load_scale=load_scale)
+    progress = None if as_json else Progress(
+        per_run=shuffle or repeat > 1, modes=len(modes),
+        total=sum(len(order) for order in plan.rounds), all_figures=all_figures)
     if plan.seed is not None and not as_json:
         console.print(f"shuffled with --seed {plan.seed}")
         for number, order in enumerate(plan.rounds, 1):
             console.print(f"repeat {number}: " + ", ".join(f"{n} {m}" for n, m in order))
-    runs: list[RunRecord] = []
-
-    async def run_all() -> None:
-        total = sum(len(order) for order in plan.rounds)
-        for number, order in enumerate(plan.rounds, 1):
-            for scenario_name, mode in order:
-                scenario = CATALOGUE[scenario_name]
-                if per_run and not as_json:
-                    console.print(f"[bold][{len(runs) + 1}/{total}][/] repeat {number}: "
-                                  f"{scenario_name} {mode}")
-                try:
-                    outcome = await run(lab, scenario, mode, timing)
-                except ScenarioUnavailable as exc:
-                    if name != "all":
-                        raise
-                    # `all` goes on: a scenario this machine cannot run (no
-                    # chromium, no HTTP/2 edge) is no wrong verdict, but shown.
-                    runs.append(RunRecord(number, scenario_name, mode, None, str(exc)))
-                    if not as_json:
-                        err.print(f"[yellow]skipped[/] {scenario_name} {mode}: {exc}")
-                    continue
-                except ToxiproxyError:
-                    raise  # the lab is not there: nothing after this can run either
-                except Exception as exc:
-                    if name != "all" and not per_run:
-                        raise
-                    # A measure that crashed (a browser call that timed out, a
-                    # client error) is a wrong verdict, not the end of the run:
-                    # the rest still runs and the summary says which.
-                    runs.append(RunRecord(number, scenario_name, mode, None,
-                                          error=f"{type(exc).__name__}: {exc}"[:200]))
-                    if not as_json:
-                        err.print(f"[bold red]error[/] {scenario_name} {mode}: "
-                                  f"{type(exc).__name__}: {exc}")
-                    continue
-                runs.append(RunRecord(number, scenario_name, mode, outcome))
-                if as_json:
-                    continue
-                if per_run:
-                    print_outcomes(scenario, [outcome], all_figures)
-                elif mode == modes[-1]:  # the scenario's modes side by side
-                    print_outcomes(scenario, [r.outcome for r in runs[-len(modes):]
-                                              if r.outcome is not None
-                                              and r.scenario == scenario_name], all_figures)
-
     try:
-        asyncio.run(run_all())
-    except ToxiproxyError as exc:
+        report = asyncio.run(scenarios.run_plan(
+            lab, plan, timing, on_start=progress.started if progress else None,
+            on_report=progress.ended if progress else None))
+    except scenarios.TargetUnreachable as exc:
         err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
-        raise typer.Exit(1) from exc
-    except ScenarioUnavailable as exc:
-        err.print(f"[red]cannot run here:[/] {exc}")
-        raise typer.Exit(1) from exc
-    outcomes = [r.outcome for r in runs if r.outcome is not None]
+        raise typer.Exit(EXIT_UNREACHABLE) from exc
     if as_json:
-        if per_run:
-            print(json.dumps({"seed": plan.seed, "runs": [r.as_json() for r in runs]},
-                             indent=2))
-        else:
-            print(json.dumps([o.as_json() for o in outcomes], indent=2))
-    elif name == "all" or per_run:
-        print_summary(runs, plan.seed)
-    if not all(r.as_expected for r in runs):
-        raise typer.Exit(1)
+        print(json.dumps(report.as_json(), indent=2))
+    elif name == "all" or shuffle or repeat > 1:
+        print_summary(report)
+    if not report.as_expected:
+        raise typer.Exit(EXIT_UNEXPECTED)
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    repeat: int
-    scenario: str
-    mode: Mode
-    outcome: Outcome | None  # None: skipped (this machine cannot run it) or crashed
-    skipped: str | None = None
-    error: str | None = None  # the measure raised: counts as an unexpected verdict
+class Progress:
+    """Renders the runs as they end (the runner calls back)."""
 
-    @property
-    def as_expected(self) -> bool:
-        return self.error is None and (self.outcome is None or self.outcome.as_expected)
+    def __init__(self, *, per_run: bool, modes: int, total: int, all_figures: bool) -> None:
+        self.per_run, self.modes, self.total = per_run, modes, total
+        self.all_figures = all_figures
+        self.done = 0
+        self.pending: list[Report] = []  # the current scenario's modes, not yet shown
 
-    def as_json(self) -> dict[str, object]:
-        return {"repeat": self.repeat, "scenario": self.scenario, "mode": self.mode,
-                "skipped": self.skipped, "error": self.error,
-                "outcome": self.outcome.as_json() if self.outcome else None}
+    def started(self, repeat: int, scenario: str, mode: Mode) -> None:
+        if self.per_run:
+            console.print(f"[bold][{self.done + 1}/{self.total}][/] repeat {repeat}: "
+                          f"{scenario} {mode}")
+
+    def ended(self, repeat: int, report: Report) -> None:
+        from streamlab.experiments.scenarios import get
+
+        self.done += 1
+        if report.status == "skipped":
+            err.print(f"[yellow]skipped[/] {report.experiment} {report.variant}: "
+                      f"{report.reason}")
+        elif report.status == "error":
+            err.print(f"[bold red]error[/] {report.experiment} {report.variant}: "
+                      f"{report.reason}")
+        scenario = get(report.experiment)
+        if self.per_run:
+            if report.status == "ran":
+                print_reports(scenario, [report], self.all_figures)
+            return
+        self.pending.append(report)
+        if len(self.pending) == self.modes:  # the scenario's modes side by side
+            ran = [r for r in self.pending if r.status == "ran"]
+            if ran:
+                print_reports(scenario, ran, self.all_figures)
+            self.pending = []
 
 
-def print_summary(runs: list[RunRecord], seed: int | None) -> None:
-    wrong = [r for r in runs if not r.as_expected]
-    skipped = sum(r.skipped is not None for r in runs)
+def print_summary(report: Report) -> None:
+    seed = report.figures.get("seed")
     table = Table("#", "repeat", "scenario", "mode", "verdict",
                   title="summary" + (f" (--seed {seed})" if seed is not None else ""),
                   title_justify="left")
-    for number, record in enumerate(runs, 1):
-        if record.error is not None:
-            verdict = f"[bold red]ERROR[/]: {record.error}"
-        elif record.outcome is None:
-            verdict = f"[yellow]skipped[/]: {record.skipped}"
-        elif record.outcome.as_expected:
-            verdict = f"[green]{record.outcome.verdict}[/]"
-        else:
-            verdict = f"[bold red]{record.outcome.verdict}[/]"
-        table.add_row(str(number), str(record.repeat), record.scenario, record.mode, verdict)
+    number = 0
+    for repeat, part in enumerate(report.parts, 1):
+        for run in part.parts:
+            number += 1
+            if run.status == "error":
+                verdict = f"[bold red]ERROR[/]: {run.reason}"
+            elif run.status == "skipped":
+                verdict = f"[yellow]skipped[/]: {run.reason}"
+            elif run.as_expected:
+                verdict = f"[green]{run.verdict}[/]"
+            else:
+                verdict = f"[bold red]{run.verdict}[/]"
+            table.add_row(str(number), str(repeat), run.experiment, run.variant, verdict)
     console.print(table)
-    console.print(f"{len(runs) - skipped - len(wrong)} as expected, {len(wrong)} unexpected, "
-                  f"{skipped} skipped, of {len(runs)} runs"
+    figures = report.figures
+    console.print(f"{figures['as_expected']} as expected, {figures['unexpected']} unexpected, "
+                  f"{figures['skipped']} skipped, of {figures['runs']} runs"
                   + (f"; replay this order with --seed {seed}" if seed is not None else ""))
 
 
@@ -227,23 +210,26 @@ def _format(value: Figure) -> str:
     return str(value)
 
 
-def print_outcomes(scenario: Scenario, outcomes: list[Outcome], all_figures: bool) -> None:
+def print_reports(scenario: Scenario, reports: list[Report], all_figures: bool) -> None:
     table = Table(title=f"{scenario.name}: {scenario.summary}", title_justify="left")
     table.add_column("figure")
-    for outcome in outcomes:
-        table.add_column(outcome.mode)
-    checked = [c.check.figure for o in outcomes for c in o.checks]
+    for report in reports:
+        table.add_column(report.variant)
+    checked = [c.check.figure for r in reports for c in r.checks]
     names = list(dict.fromkeys([*scenario.shown, *checked]))  # ordered, no repeats
     if all_figures or not names:
-        names += sorted({k for o in outcomes for k in o.figures} - set(names))
+        names += sorted({k for r in reports for k in r.figures} - set(names))
     for figure in names:
-        table.add_row(figure, *(_format(o.figures.get(figure)) for o in outcomes))
+        table.add_row(figure, *(_format(r.figures.get(figure)) for r in reports))
     table.add_section()
-    table.add_row("setup", *(o.story for o in outcomes))
+    table.add_row("setup", *(r.story for r in reports))
     table.add_row("expected", *("\n".join(
-        f"{'[green]✓[/]' if c.holds else '[red]✗[/]'} {c.description}" for c in o.checks)
-        for o in outcomes))
+        f"{'[green]✓[/]' if c.holds else '[red]✗[/]'} {c.description}" for c in r.checks)
+        for r in reports))
     table.add_row("verdict", *(
-        f"[green]{o.verdict}[/]" if o.as_expected else f"[bold red]{o.verdict}[/]"
-        for o in outcomes))
+        f"[green]{r.verdict}[/]" if r.as_expected else f"[bold red]{r.verdict}[/]"
+        for r in reports))
+    if any(r.artifacts for r in reports):
+        table.add_row("files", *("\n".join(f"{a.title}: {a.path}" for a in r.artifacts)
+                                 for r in reports))
     console.print(table)

@@ -5,17 +5,16 @@ it: the toxics to set (the setup's own, applied as the runner applies them),
 the nginx location and `streamlab` request options the page's streams use,
 which transports show the scenario best, and, for scenarios whose fault
 lands mid-stream (the engine hop, the resume cut), the fault the page applies
-itself after a few tokens. Pure data from CATALOGUE: a new scenario becomes a
-preset with no change here (its streams default to both SSE transports).
+itself after a few tokens. Pure data from the scenario registry and each
+scenario's declared ClientSettings: a new scenario becomes a preset with no
+change here (its streams default to both SSE transports).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from streamlab.experiments.scenarios import CATALOGUE, MODES, Mode, Scenario, Setup, Timing
-from streamlab.experiments.scenarios.engine_faults import FAULT_AFTER, FAULT_TOKENS
-from streamlab.experiments.scenarios.lifecycle import LEAVE_AFTER, SILENT_PREFILL_MS, job_tokens
+from streamlab.experiments.scenarios import MODES, Mode, Scenario, Setup, Timing, registry
 from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN
 from streamlab.lab.toxiproxy import Toxic
 
@@ -48,11 +47,11 @@ ENGINE_FAULT_TOXICS: dict[str, tuple[Toxic, ...]] = {
 # The resume cut: the hop goes down for this long after a few tokens, then the
 # browser's EventSource (or nobody, in the broken mode) comes back.
 RESUME_CUT_AFTER, RESUME_CUT_MS = 5, 1000
-# Scenarios that leave the Stop button to the user (the client leaving is the
-# point), and after how many tokens to press it (0: in the silent prefill).
-PRESS_STOP = {"abandoned_tab": LEAVE_AFTER, "abandoned_prefill": 0,
-              "abandoned_job": LEAVE_AFTER}
-# Long enough for a person to press Stop in time (the measure's own client is faster).
+# Scenarios whose client walks away (ClientSettings.leave_after_tokens) leave
+# the Stop button to the user, to press after that many tokens (0: in the
+# silent prefill). A stream that is to be stopped mid-answer and whose measure
+# picks no length is made long enough for a person to press Stop in time (the
+# measure's own client is faster).
 PRESS_STOP_TOKENS = 100
 # Request options the gateway takes from a setup's knobs (docs/api.md).
 REQUEST_KNOBS = ("relay", "engine_errors", "job_ttl_s")
@@ -62,18 +61,19 @@ def request_options(scenario: Scenario, setup: Setup, timing: Timing) -> dict[st
     """The `streamlab` field of the page's requests: model pace, pauses,
     heartbeat and the broken-mode knobs the setup asks for."""
     options: dict[str, Any] = {**timing.fake_model()}
-    # The answer lengths the scenario's own measure uses, where it picks one:
+    client = scenario.client
+    # The answer length the scenario's own client uses, where it picks one:
     # long enough that the fault (or the TTL) lands before the answer ends.
-    if scenario.measure.__name__ == "engine_fault":
-        options["answer_tokens"] = FAULT_TOKENS
-    elif scenario.measure.__name__ == "abandoned_job":
-        options["answer_tokens"] = job_tokens(timing)
-    elif scenario.measure.__name__ == "abandoned_tab":
+    tokens = client.tokens(timing)
+    if tokens is not None:
+        options["answer_tokens"] = tokens
+    elif client.leave_after_tokens:
         options["answer_tokens"] = PRESS_STOP_TOKENS
-    elif scenario.measure.__name__ == "abandoned_prefill":
+    if client.prefill_ms is not None:
+        options["prefill_ms"] = client.prefill_ms
+    if client.silent_prefill:
         # Silent as the measure makes it: a `: ping` is a write, and a failed
         # write is what the broken nginx would notice the client's leaving by.
-        options["prefill_ms"] = SILENT_PREFILL_MS
         options["heartbeat_s"] = 0
     if setup.think_pause:
         options["pauses"] = [{"after_token": THINK_AFTER_TOKEN,
@@ -90,8 +90,9 @@ def mid_stream_fault(scenario: Scenario, setup: Setup) -> dict[str, Any] | None:
     """What the page does to a hop once its first stream has seen a few tokens."""
     knobs = setup.knobs
     fault = knobs.get("fault")
-    if isinstance(fault, str) and fault in ENGINE_FAULT_TOXICS:
-        return {"hop": "engine", "after_tokens": FAULT_AFTER, "disable": fault == "disabled",
+    after = scenario.client.fault_after_tokens
+    if isinstance(fault, str) and fault in ENGINE_FAULT_TOXICS and after is not None:
+        return {"hop": "engine", "after_tokens": after, "disable": fault == "disabled",
                 "toxics": [t.as_json() for t in ENGINE_FAULT_TOXICS[fault]],
                 "restore_after_ms": None}
     hop = knobs.get("hop")
@@ -120,8 +121,8 @@ def preset(scenario: Scenario, mode: Mode, timing: Timing) -> dict[str, Any]:
         "streamlab": request_options(scenario, setup, timing),
         "transports": list(transports(scenario, setup)),
         "fault": mid_stream_fault(scenario, setup),
-        "press_stop": scenario.measure.__name__ in PRESS_STOP,
-        "stop_after_tokens": PRESS_STOP.get(scenario.measure.__name__),
+        "press_stop": scenario.client.leave_after_tokens is not None,
+        "stop_after_tokens": scenario.client.leave_after_tokens,
         # The fetch stream's read timeout, where the setup gives the client one.
         "watchdog_s": timing.watchdog_s if setup.watchdog else None,
         # A setup whose client may wait forever: how long to watch it not end
@@ -135,11 +136,10 @@ def preset(scenario: Scenario, mode: Mode, timing: Timing) -> dict[str, Any]:
 def presets(timing: Timing | None = None) -> list[dict[str, Any]]:
     """Every scenario of the catalogue, broken then fixed."""
     timing = timing or Timing()
-    return [preset(scenario, mode, timing) for scenario in CATALOGUE.values() for mode in MODES]
+    return [preset(scenario, mode, timing) for scenario in registry.all_scenarios()
+            for mode in MODES]
 
 
 def setup_of(name: str, mode: Mode) -> Setup:
     """The setup a preset applies; KeyError names an unknown scenario."""
-    if name not in CATALOGUE:
-        raise KeyError(f"no scenario {name!r}; one of: {', '.join(CATALOGUE)}")
-    return CATALOGUE[name].variant(mode).setup
+    return registry.get(name).variant(mode).setup

@@ -78,6 +78,9 @@ class FakeToxiproxy:
         self._proxies = {spec.name: _Proxy(spec) for spec in specs}
         self.calls: list[ToxiproxyCall] = []
         self.closes = 0
+        # False: the API does not answer at all (the lab is down), as a refused
+        # connection looks to the real client.
+        self.answers = True
 
     # ---- what a test reads ------------------------------------------------------
     def active(self) -> dict[str, tuple[str, ...]]:
@@ -101,16 +104,23 @@ class FakeToxiproxy:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _answer(self) -> None:
+        if not self.answers:
+            raise ToxiproxyError(0, "connection refused")
+
     def _proxy(self, name: str) -> _Proxy:
+        self._answer()
         proxy = self._proxies.get(name)
         if proxy is None:  # what the real API answers for a hop the lab has not
             raise ToxiproxyError(404, "proxy not found")
         return proxy
 
     def proxies(self) -> dict[str, dict[str, Any]]:
+        self._answer()
         return {name: proxy.as_json() for name, proxy in self._proxies.items()}
 
     def reset(self) -> None:
+        self._answer()
         for proxy in self._proxies.values():
             proxy.enabled = True
             proxy.toxics.clear()

@@ -32,7 +32,8 @@ import pytest
 
 from services.engine.backends.fake import token_text
 from streamlab.experiments.browser import Page, chromium_page, find_chromium
-from streamlab.experiments.scenarios import CATALOGUE, MODES
+from streamlab.experiments.scenarios import MODES
+from streamlab.experiments.scenarios.registry import names as scenario_names
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import HOP_NAMES, REPO_ROOT, console_url
 from tests.wait import wait_until_async
@@ -272,9 +273,9 @@ def preset_names() -> list[str]:
     representative set when unset."""
     chosen = os.environ.get("STREAMLAB_CONSOLE_PRESETS", "")
     if chosen == "all":
-        return list(CATALOGUE)
+        return list(scenario_names())
     names = [name.strip() for name in chosen.split(",") if name.strip()]
-    unknown = set(names) - set(CATALOGUE)
+    unknown = set(names) - set(scenario_names())
     assert not unknown, f"STREAMLAB_CONSOLE_PRESETS names no scenario {sorted(unknown)}"
     return names or list(REPRESENTATIVE)
 

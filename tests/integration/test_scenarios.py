@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.experiments.scenarios import CATALOGUE, MODES, Mode, Scenario, run, timing_for
+from streamlab.experiments.scenarios import (
+    MODES,
+    Mode,
+    Scenario,
+    all_scenarios,
+    names,
+    run,
+    timing_for,
+)
 from streamlab.experiments.scenarios.model import ScenarioUnavailable
 from streamlab.lab.target import LabTarget
 
@@ -48,7 +56,7 @@ COMPOSE_UNSUPPORTED = {
 LOCAL_ONLY = {
     **{(name, "broken"): "a broken mode shows the scenario's checks catch the broken "
        "setting (the fixed mode, run here too, shows the containers work)"
-       for name in CATALOGUE},
+       for name in names()},
     ("slow-reader-edge", "fixed"): "40 s on the compose lab (a 16k-token answer to a "
         "throttled reader), and its broken half cannot run there (COMPOSE_UNSUPPORTED)",
 }
@@ -62,8 +70,9 @@ def _marks(name: str, mode: Mode) -> list[pytest.MarkDecorator]:
     return marks
 
 
-CASES = [pytest.param(scenario, mode, id=f"{name}-{mode}", marks=_marks(name, mode))
-         for name, scenario in CATALOGUE.items() for mode in MODES]
+CASES = [pytest.param(scenario, mode, id=f"{scenario.name}-{mode}",
+                      marks=_marks(scenario.name, mode))
+         for scenario in all_scenarios() for mode in MODES]
 
 
 @pytest.mark.parametrize(("scenario", "mode"), CASES)
@@ -80,12 +89,13 @@ async def test_scenario_comes_out_as_expected(lab: LabTarget, scenario: Scenario
     try:
         timing = timing_for(lab, tolerance_s=TOLERANCE_S, storm_streams=CI_STORM_STREAMS,
                             load_scale=LOAD_SCALE)
-        outcome = await run(lab, scenario, mode, timing)
+        report = await run(lab, scenario, mode, timing)
     except ScenarioUnavailable as exc:  # no chromium, no HTTP/2 edge (compose without certs)
         pytest.skip(str(exc))
 
-    assert outcome.as_expected, outcome.explain()
+    assert (report.experiment, report.variant, report.status) == (scenario.name, mode, "ran")
+    assert report.as_expected, report.explain()
     other = "fixed" if mode == "broken" else "broken"
-    assert outcome.discriminates, (
+    assert report.discriminates, (
         f"the {other} checks also pass on the {mode} setup, so they cannot tell the two "
-        f"apart:\n{outcome.explain()}")
+        f"apart:\n{report.explain()}")

@@ -1,22 +1,15 @@
-"""The scenario catalogue: every way a token stream breaks between the
-engine and the screen, with the setup that breaks it, the one that fixes it, and the
-measured checks that tell them apart. Data only; measures.py does the work."""
+"""The proxy and client scenarios: a stream held back, cut, slowed or misread
+between the engine and the screen, with the setup that breaks it, the one that
+fixes it, and the measured checks that tell them apart. Data only; measures.py
+does the work. The other families declare theirs beside their own measures
+(registry.py lists them all, in catalogue order)."""
 
 from __future__ import annotations
 
 from streamlab.experiments.report import Check
-from streamlab.experiments.scenarios.edge_backpressure import BACKPRESSURE
-from streamlab.experiments.scenarios.engine_faults import ENGINE_FAULTS
-from streamlab.experiments.scenarios.h2_shared_fate import H2_SHARED_FATE
-from streamlab.experiments.scenarios.lifecycle import LIFECYCLE
 from streamlab.experiments.scenarios.measures import sliced_reads, sse_stream, websocket_chat
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
-from streamlab.experiments.scenarios.reconnect_storm import RECONNECT_STORM
-from streamlab.experiments.scenarios.replica_loss import REPLICA_LOSS
-from streamlab.experiments.scenarios.resume import RESUME
-from streamlab.experiments.scenarios.rolling_deploy import ROLLING_DEPLOY
-from streamlab.experiments.scenarios.seventh_tab import SEVENTH_TAB
-from streamlab.experiments.scenarios.store_faults import STORE_FAULTS
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.toxiproxy import Toxic
 
@@ -80,7 +73,7 @@ def _latency(hop: str) -> Scenario:
     )
 
 
-CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
+register(
     _buffering(
         "buffering",
         "nginx buffering + gzip hold a stream back to one lump; proxy_buffering off fixes it",
@@ -208,14 +201,4 @@ CATALOGUE: dict[str, Scenario] = {s.name: s for s in (
             f"bandwidth toxic {FAST_RATE_KB_S} KB/s: above the stream's rate"),
         shown=("stream_kb_per_s", "ttft_s", "last_token_lag_s", "total_s", "tokens", "done"),
     ),
-    *LIFECYCLE,
-    *BACKPRESSURE,
-    *RESUME,
-    *ENGINE_FAULTS,
-    SEVENTH_TAB,
-    H2_SHARED_FATE,
-    RECONNECT_STORM,
-    STORE_FAULTS,
-    ROLLING_DEPLOY,
-    REPLICA_LOSS,
-)}
+)

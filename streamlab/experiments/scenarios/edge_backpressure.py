@@ -36,6 +36,7 @@ from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -225,3 +226,4 @@ BACKPRESSURE: tuple[Scenario, ...] = (
                "cancelled_after_s", "cut_bound_s", "cancel_past_bound_s"),
     ),
 )
+register(*BACKPRESSURE)

@@ -40,7 +40,8 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
-from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab.lab.toxiproxy import Toxic
@@ -184,6 +185,9 @@ def _scenario(name: str, fault: str, summary: str, bound: Callable[[Timing], flo
             f"{story}; the gateway reports it as an error event"),
         shown=("client_tokens", "done", "error_type", "error_code", "ended_after_fault_s",
                "hung", "engine_state", "engine_cancelled_after_fault_s"),
+        # A black hole's measure asks for more (past both keepalives); a replay
+        # by hand sees the fault long before 200 tokens end either way.
+        client=ClientSettings(answer_tokens=FAULT_TOKENS, fault_after_tokens=FAULT_AFTER),
     )
 
 
@@ -207,3 +211,4 @@ ENGINE_FAULTS: tuple[Scenario, ...] = (
               lambda t: t.engine_dead_after_s + 2.0 + t.tolerance_s,
               "timeout 0 (a black hole, both ways) on the engine hop after 3 tokens"),
 )
+register(*ENGINE_FAULTS)

@@ -31,6 +31,7 @@ from services.client.resume_stream import ResumeResult, create_stream, follow_st
 from services.engine.backends.fake import token_text
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.seventh_tab import ConnectionCounter
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
@@ -204,3 +205,4 @@ H2_SHARED_FATE = Scenario(
            "streams_cut", "cut_spread_s", "reconnections", "streams_exact", "missing_total",
            "duplicates_total", "streams_done"),
 )
+register(H2_SHARED_FATE)

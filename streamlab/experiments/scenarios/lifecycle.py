@@ -25,7 +25,8 @@ from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name, wait_for_end
 from streamlab.experiments.report import Check, Figures
-from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -200,6 +201,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
             "relay: direct (disconnect → task group cancelled → gRPC call cancelled)"),
         shown=("client_tokens", "engine_state", "tokens_generated", "tokens_after_client_left",
                "tokens_after_cancel", "cancel_latency_ms"),
+        client=ClientSettings(leave_after_tokens=LEAVE_AFTER),
     ),
     Scenario(
         name="abandoned-prefill",
@@ -225,6 +227,8 @@ LIFECYCLE: tuple[Scenario, ...] = (
             "/: nginx closes the upstream when the client closes (its default)"),
         shown=("status", "left_after_s", "engine_state", "tokens_generated",
                "cancel_latency_ms"),
+        client=ClientSettings(prefill_ms=SILENT_PREFILL_MS, silent_prefill=True,
+                              leave_after_tokens=0),
     ),
     Scenario(
         name="slow-reader",
@@ -267,5 +271,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
         shown=("job_ttl_s", "client_tokens", "tokens_asked", "engine_state", "tokens_generated",
                "tokens_after_client_left", "tokens_after_cancel", "reaped_after_s",
                "job_held_at_end"),
+        client=ClientSettings(answer_tokens=job_tokens, leave_after_tokens=LEAVE_AFTER),
     ),
 )
+register(*LIFECYCLE)

@@ -2,15 +2,16 @@
 what "broken" and "fixed" look like as checks on the measured figures.
 
     Scenario
-      ├── measure        async (lab, setup, timing) -> Figures   (measures.py)
+      ├── measure        async (lab, setup, timing) -> Figures | Measured
       ├── broken: Variant(setup, expect=[Check, ...], story)
-      └── fixed:  Variant(setup, expect=[Check, ...], story)
+      ├── fixed:  Variant(setup, expect=[Check, ...], story)
+      └── client         ClientSettings: how its own client drives the stream
 
 A check names a figure, a comparison and a bound; a bound may be a function
 of the (scaled) timing, so "TTFT ≤ prefill + 2 gaps + tolerance" stays true
-when the time constants change. Adding a scenario is adding one `Scenario(...)`
-to catalogue.py, plus a measure function when none of the existing ones
-records what it needs.
+when the time constants change. Adding a scenario is one
+`register(Scenario(...))` (registry.py) beside its measure: in catalogue.py when
+the measure is one of measures.py's, else in the family module that holds it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from streamlab.errors import StreamlabError
-from streamlab.experiments.report import Check, Figure, Figures
+from streamlab.experiments.report import JSON, Check, Figure, Figures
 from streamlab.experiments.timing import Timing
 from streamlab.lab.toxiproxy import Toxic
 
@@ -79,7 +80,43 @@ class Variant:
                 "expect": [check.as_json(timing) for check in self.expect]}
 
 
-Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures]]
+@dataclass(frozen=True)
+class Timeline:
+    """A series a measure recorded beside its figures (e.g. every connection
+    attempt of a reconnect storm): the runner writes it to a file and lists it
+    among the report's artifacts."""
+
+    name: str  # part of the file name: "<scenario>-<mode>-<name>.json"
+    title: str
+    data: JSON
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a measure returns when it has more than figures to give."""
+
+    figures: Figures
+    timelines: tuple[Timeline, ...] = ()
+
+
+Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures | Measured]]
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How the scenario's own client drives its stream where that departs from
+    the timing, declared with the scenario so whoever replays it (the console's
+    presets) copies the measure instead of reaching into its module. None: as
+    the timing says."""
+
+    answer_tokens: int | Callable[[Timing], int] | None = None
+    prefill_ms: int | None = None
+    silent_prefill: bool = False  # no `: ping` either: nothing is written before the first token
+    leave_after_tokens: int | None = None  # the client walks away (0: during the prefill)
+    fault_after_tokens: int | None = None  # a mid-stream fault lands after this many tokens
+
+    def tokens(self, timing: Timing) -> int | None:
+        return self.answer_tokens(timing) if callable(self.answer_tokens) else self.answer_tokens
 
 
 @dataclass(frozen=True)
@@ -90,6 +127,7 @@ class Scenario:
     broken: Variant
     fixed: Variant
     shown: tuple[str, ...] = field(default=())  # figures to show first, in this order
+    client: ClientSettings = field(default_factory=ClientSettings)
 
     def variant(self, mode: Mode) -> Variant:
         return self.broken if mode == "broken" else self.fixed

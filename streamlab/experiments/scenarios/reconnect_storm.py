@@ -21,7 +21,8 @@ the jitter and the admission.
 The client is a cheap one: raw asyncio sockets, HTTP/1.0 (the body is the SSE
 text itself, no chunked framing), a minimal SSE split, the EventSource rules
 (wait `retry:` after any loss, then GET with Last-Event-ID). It notes every
-connection attempt: the reconnect timeline (plot_timeline draws it).
+connection attempt: the reconnect timeline, which the run writes as its
+report's artifact (load_timelines reads it back, plot_timeline draws it).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from services.client.openai_stream import chat_body
-from streamlab.experiments.report import Check, Figures
-from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.report import Check
+from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Timeline, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
@@ -54,10 +57,6 @@ BROKEN_RETRY_MS = 500
 FIXED_RETRY_MS, FIXED_JITTER_MS = 1000, 4000
 EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
 TERMINAL = {"done", "error", "cancelled"}
-
-# The last run's timeline per mode (knobs["mode"]), for plot_timeline.
-LAST_TIMELINES: dict[str, dict[str, Any]] = {}
-
 
 def gateway_env(mode: str, streams: int) -> dict[str, str]:
     # Each gateway gets about half the ramp's creates and first GETs: N/RAMP_S
@@ -219,7 +218,7 @@ def peak_per_s(times: list[float], window_s: float = 1.0) -> int:
     return best
 
 
-async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     mode = str(setup.knobs.get("mode", "fixed"))
     n = timing.storm_streams
     async with private_lab(lab, "reconnect-storm", gateways=2,
@@ -271,9 +270,12 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     complete = [c for c in clients if c.terminal == "done" and c.tokens == TOKENS
                 and sorted(c.seqs) == list(range(1, len(c.seqs) + 1))]
     duplicates = sum(len(c.seqs) - len(set(c.seqs)) for c in clients)
-    LAST_TIMELINES[mode] = {"attempts": run.attempts, "cut_at": cut_at,
-                            "restored_at": restored_at, "streams": n, "steady_per_s": steady}
-    return {
+    # Every connection attempt, for plot_timeline: the runner writes it as the
+    # report's "timeline" artifact.
+    timeline = Timeline("attempts", f"reconnect timeline ({mode}, {n} streams)", {
+        "mode": mode, "attempts": [[t, outcome] for t, outcome in run.attempts],
+        "cut_at": cut_at, "restored_at": restored_at, "streams": n, "steady_per_s": steady})
+    return Measured({
         "streams": n, "created": run.creates[201],
         "create_error": run.create_errors.most_common(1)[0][0] if run.create_errors else "",
         "cut_streams": len(cut),
@@ -285,7 +287,7 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
         "recovery_s": round(max(back), 2) if back and len(back) == len(cut) else None,
         "complete_exactly_once": len(complete), "duplicates": duplicates,
         "all_complete": len(complete) == n,
-    }
+    }, (timeline,))
 
 
 SHOWN = ("streams", "cut_streams", "steady_per_s", "peak_per_s", "peak_ratio", "http_429",
@@ -317,6 +319,15 @@ RECONNECT_STORM = Scenario(
         f"retry: {FIXED_RETRY_MS} ms + [0, {FIXED_JITTER_MS}) ms per stream, resumes first"),
     shown=SHOWN,
 )
+register(RECONNECT_STORM)
+
+
+def load_timelines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """The timeline files `scenario run reconnect-storm` wrote (its reports'
+    artifacts: <run dir>/scenarios/reconnect-storm-<mode>-attempts.json), per
+    mode: the input of plot_timeline."""
+    timelines = (json.loads(path.read_text()) for path in paths)
+    return {timeline["mode"]: timeline for timeline in timelines}
 
 
 def plot_timeline(timelines: dict[str, dict[str, Any]], path: Path) -> None:
@@ -355,26 +366,3 @@ def plot_timeline(timelines: dict[str, dict[str, Any]], path: Path) -> None:
     fig.suptitle("reconnect-storm: GETs of the events URL through the edge")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-async def _main(streams: int, plot: Path | None) -> None:
-    """Both modes at full size against the lab in .run, then the plot."""
-    from streamlab.experiments.scenarios.runner import run, timing_for
-    from streamlab.lab.local import Lab
-    from streamlab.lab.topology import REPO_ROOT
-
-    lab = Lab.attach(REPO_ROOT / ".run")
-    timing = timing_for(lab, storm_streams=streams)
-    for mode in ("broken", "fixed"):
-        outcome = await run(lab, RECONNECT_STORM, mode, timing)
-        print(outcome.explain(), "discriminates:", outcome.discriminates, flush=True)
-    if plot is not None:
-        plot_timeline(LAST_TIMELINES, plot)
-        print(f"plot: {plot}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 500,
-                      Path(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -29,6 +29,7 @@ from services.client.openai_stream import chat_body
 from services.engine.backends.fake import token_text
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
 from streamlab.experiments.scenarios.resuming_readers import Reader, tally
 from streamlab.experiments.timing import Timing
@@ -144,3 +145,4 @@ REPLICA_LOSS = Scenario(
            "longest_stall_s", "engine_generations_started", "engine_generations_reattached",
            "other_streams_whole"),
 )
+register(REPLICA_LOSS)

@@ -24,6 +24,7 @@ from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab.lab.toxiproxy import Toxic
@@ -119,3 +120,4 @@ def _resume(hop: str) -> Scenario:
 
 
 RESUME: tuple[Scenario, ...] = (_resume("edge"), _resume("upstream"))
+register(*RESUME)

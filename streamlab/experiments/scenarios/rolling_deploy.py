@@ -31,6 +31,7 @@ from services.client.openai_stream import chat_body
 from services.engine.backends.fake import token_text
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
 from streamlab.experiments.scenarios.resuming_readers import Reader, tally
 from streamlab.experiments.timing import Timing
@@ -208,3 +209,4 @@ ROLLING_DEPLOY = Scenario(
            "median_longest_stall_s", "live_at_each_restart", "restart_s", "stops_past_grace",
            "cuts", "ends_other_than_done"),
 )
+register(ROLLING_DEPLOY)

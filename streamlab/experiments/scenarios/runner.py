@@ -1,64 +1,39 @@
-"""Runs one scenario in one mode against a lab that is up, and judges it.
+"""Runs scenarios against a lab that is up, and judges them: one Report per run.
+
+    run(lab, scenario, mode, timing) -> Report      one mode, judged
+    run_plan(lab, plan, timing) -> Report           a plan's runs, with the policy:
+                                                    skipped / error / target unreachable
 
 The runner owns the toxics: it resets Toxiproxy, applies the mode's toxics,
 measures, and resets again on every exit path, so a failed run leaves the lab
-clean. A mode's outcome is *as expected* when all of its checks hold; it
-*discriminates* when the other mode's checks fail on the same figures, which
-is what proves a check would catch the thing it is about.
+clean. A mode's report is *as expected* when all of its checks hold; it
+*discriminates* when the other mode's checks (its `other_checks`) fail on the
+same figures, which is what proves a check would catch the thing it is about.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
 
-from streamlab.experiments.report import CheckResult, Figures, judge
-from streamlab.experiments.scenarios.model import MODES, Mode, Scenario
+from streamlab.errors import StreamlabError
+from streamlab.experiments.report import Artifact, Figures, Report, judge
+from streamlab.experiments.scenarios import registry
+from streamlab.experiments.scenarios.model import (
+    MODES,
+    Measured,
+    Mode,
+    Scenario,
+    ScenarioUnavailable,
+)
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
-
-
-@dataclass
-class Outcome:
-    scenario: str
-    mode: Mode
-    story: str
-    figures: Figures
-    checks: list[CheckResult] = field(default_factory=list)
-    other_mode_checks: list[CheckResult] = field(default_factory=list)
-
-    @property
-    def as_expected(self) -> bool:
-        return all(c.holds for c in self.checks)
-
-    @property
-    def discriminates(self) -> bool:
-        """The other mode's checks do not all pass here."""
-        return not all(c.holds for c in self.other_mode_checks)
-
-    @property
-    def verdict(self) -> str:
-        if not self.as_expected:
-            return "UNEXPECTED"
-        return "broke as expected" if self.mode == "broken" else "works as expected"
-
-    def explain(self) -> str:
-        lines = [f"{self.scenario} [{self.mode}] {self.verdict}: {self.story}"]
-        lines += [f"  {'ok  ' if c.holds else 'FAIL'} {c.description}" for c in self.checks]
-        lines += [f"  figures: {self.figures}"]
-        return "\n".join(lines)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario, "mode": self.mode, "story": self.story,
-            "verdict": self.verdict, "as_expected": self.as_expected,
-            "discriminates": self.discriminates, "figures": self.figures,
-            "checks": [{"check": c.description, "holds": c.holds, "why": c.check.why}
-                       for c in self.checks],
-        }
+from streamlab.lab.toxiproxy import ToxiproxyError
 
 
 @dataclass(frozen=True)
@@ -109,7 +84,21 @@ def timing_for(lab: LabTarget, **overrides: Any) -> Timing:
     return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
 
 
-async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) -> Outcome:
+class TargetUnreachable(StreamlabError, RuntimeError):
+    """The lab is not there (its Toxiproxy API does not answer): nothing after
+    this run could run either, so the plan stops."""
+
+
+def artifacts_dir(lab: LabTarget) -> Path:
+    """Where a run's timelines go: beside the lab's logs."""
+    return lab.run_dir / "scenarios"
+
+
+async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing, *,
+              out_dir: Path | None = None) -> Report:
+    """One mode of one scenario, judged: its own checks, and the other mode's on
+    the same figures. Timelines the measure recorded are written under `out_dir`
+    (default: artifacts_dir(lab)) and listed as the report's artifacts."""
     variant = scenario.variant(mode)
     other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
     with lab.toxiproxy() as toxiproxy:
@@ -119,11 +108,84 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing) ->
                 # Every hop of the kind: with replicas, a stream may use any of them.
                 for each in lab.hops_of(hop):
                     toxiproxy.add_toxic(each, toxic)
-            figures = await scenario.measure(lab, variant.setup, timing)
+            measured = await scenario.measure(lab, variant.setup, timing)
         finally:
             toxiproxy.reset()
-    return Outcome(
-        scenario=scenario.name, mode=mode, story=variant.story, figures=figures,
-        checks=list(judge(variant.expect, figures, timing)),
-        other_mode_checks=list(judge(scenario.variant(other).expect, figures, timing)),
+    if not isinstance(measured, Measured):
+        measured = Measured(measured)
+    figures: Figures = dict(measured.figures)
+    return Report(
+        experiment=scenario.name, variant=mode, story=variant.story, figures=figures,
+        checks=judge(variant.expect, figures, timing),
+        other_checks=judge(scenario.variant(other).expect, figures, timing),
+        artifacts=_write_timelines(measured, f"{scenario.name}-{mode}",
+                                   out_dir or artifacts_dir(lab)),
     )
+
+
+def _write_timelines(measured: Measured, stem: str, folder: Path) -> tuple[Artifact, ...]:
+    artifacts = []
+    for timeline in measured.timelines:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}-{timeline.name}.json"
+        path.write_text(json.dumps(timeline.data))
+        artifacts.append(Artifact("timeline", str(path), timeline.title))
+    return tuple(artifacts)
+
+
+def not_run(scenario: str, mode: Mode, status: Literal["skipped", "error"], reason: str
+            ) -> Report:
+    return Report(experiment=scenario, variant=mode, status=status, reason=reason)
+
+
+async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
+                   on_start: Callable[[int, str, Mode], None] | None = None,
+                   on_report: Callable[[int, Report], None] | None = None,
+                   out_dir: Path | None = None) -> Report:
+    """Every run of the plan, in its order, as one report: its parts are the
+    repeats (variant "repeat N"), and theirs each run's report.
+
+    The policy, the same for one scenario as for all of them:
+      - a scenario this lab or machine cannot run (ScenarioUnavailable: no
+        chromium, no HTTP/2 edge) is a part with status "skipped" and the reason:
+        no verdict, and no wrong one;
+      - a measure that crashes (a browser call that timed out, a client error)
+        is a part with status "error" and the reason, which is a wrong verdict,
+        and the rest of the plan still runs;
+      - a lab that is not there (its Toxiproxy API does not answer) raises
+        TargetUnreachable: nothing after it could run either (a Toxiproxy that
+        answers but refuses an operation is that run's error).
+    `on_start(repeat, scenario, mode)` and `on_report(repeat, report)` let a
+    caller show progress as the runs go."""
+    rounds: list[Report] = []
+    for number, order in enumerate(plan.rounds, 1):
+        parts: list[Report] = []
+        for name, mode in order:
+            if on_start is not None:
+                on_start(number, name, mode)
+            try:
+                report = await run(lab, registry.get(name), mode, timing, out_dir=out_dir)
+            except ToxiproxyError as exc:
+                if exc.status_code:  # it answered, and refused this run's toxic: its error
+                    report = not_run(name, mode, "error", str(exc)[:200])
+                else:
+                    raise TargetUnreachable(str(exc)) from exc
+            except ScenarioUnavailable as exc:
+                report = not_run(name, mode, "skipped", str(exc))
+            except Exception as exc:  # any crash is this run's error, not the plan's
+                report = not_run(name, mode, "error", f"{type(exc).__name__}: {exc}"[:200])
+            parts.append(report)
+            if on_report is not None:
+                on_report(number, report)
+        rounds.append(Report(experiment="scenarios", variant=f"repeat {number}",
+                             parts=tuple(parts)))
+    runs = [p for r in rounds for p in r.parts]
+    figures: Figures = {
+        "seed": plan.seed, "runs": len(runs),
+        "as_expected": sum(p.status == "ran" and p.as_expected for p in runs),
+        "unexpected": sum(not p.as_expected for p in runs),
+        "skipped": sum(p.status == "skipped" for p in runs),
+    }
+    story = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + (
+        f", shuffled with --seed {plan.seed}" if plan.seed is not None else "")
+    return Report(experiment="scenarios", story=story, figures=figures, parts=tuple(rounds))

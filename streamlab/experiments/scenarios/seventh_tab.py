@@ -41,6 +41,7 @@ from streamlab.experiments import socket_queues
 from streamlab.experiments.browser import Browser, Page, chromium, find_chromium, trust_spki_flag
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 
@@ -236,3 +237,4 @@ SEVENTH_TAB = Scenario(
            "seventh_after_close_s", "edge_connections_peak", "edge_connections_seen",
            "seventh_streamed"),
 )
+register(SEVENTH_TAB)

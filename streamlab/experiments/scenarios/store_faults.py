@@ -30,6 +30,7 @@ from services.client.openai_stream import chat_body
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.reconnect_storm import Client, Storm
+from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
@@ -215,3 +216,4 @@ STORE_FAULTS = Scenario(
            "after_works", "after_works_s", "latency_max_stall_s", "cut_max_stall_s",
            "live_complete", "live_duplicates", "completed_text_intact"),
 )
+register(STORE_FAULTS)

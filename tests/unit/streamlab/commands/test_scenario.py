@@ -8,7 +8,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from streamlab.cli import app
-from streamlab.experiments.scenarios import CATALOGUE, MODES, Timing
+from streamlab.experiments.scenarios import MODES, Timing, get, names
 
 
 def catalogue_json() -> list[dict[str, Any]]:
@@ -21,9 +21,9 @@ def catalogue_json() -> list[dict[str, Any]]:
 def test_list_json_holds_every_scenario_with_both_modes_and_their_checks() -> None:
     listed = catalogue_json()
 
-    assert [s["name"] for s in listed] == list(CATALOGUE)
+    assert [s["name"] for s in listed] == list(names())
     for entry in listed:
-        scenario = CATALOGUE[entry["name"]]
+        scenario = get(entry["name"])
         assert entry["summary"] == scenario.summary
         assert entry["measure"] == scenario.measure.__name__
         assert set(entry["modes"]) == set(MODES)

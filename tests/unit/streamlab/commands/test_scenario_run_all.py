@@ -1,44 +1,65 @@
-"""`streamlab scenario run all --shuffle`: the order printed, every pair run, a
-summary at the end, and the exit status (no lab: the runs are stand-ins)."""
+"""`streamlab scenario run`: the order printed, every pair run, a summary at the
+end, and the exit status, 0 / 1 / 2 / 3 (no lab: the runs are stand-ins for
+the runner's `run`; the policy around them, run_plan's, is the real one)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import streamlab.commands.scenario as scenario_command
 import streamlab.experiments.scenarios as scenarios
+import streamlab.experiments.scenarios.runner as runner
 from streamlab.cli import app
-from streamlab.experiments.report import CheckResult
-from streamlab.experiments.scenarios import CATALOGUE, MODES, Check, Outcome, Scenario, Timing
-from streamlab.experiments.scenarios.runner import plan_runs
+from streamlab.experiments.report import Figures, Report, judge
+from streamlab.experiments.scenarios import (
+    MODES,
+    Check,
+    Scenario,
+    ScenarioUnavailable,
+    Timing,
+    names,
+    plan_runs,
+)
+from streamlab.lab.toxiproxy import ToxiproxyError
 
-RUNS = len(CATALOGUE) * len(MODES)
+RUNS = len(names()) * len(MODES)
+DONE = (Check("done", "==", True),)
 
 
 def install(monkeypatch: pytest.MonkeyPatch, wrong: tuple[str, str] | None = None,
-            crash: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+            crash: tuple[str, str] | None = None, unavailable: str | None = None,
+            unreachable: bool = False) -> list[tuple[str, str]]:
     ran: list[tuple[str, str]] = []
 
-    async def fake_run(lab: Any, scenario: Scenario, mode: str, timing: Timing) -> Outcome:
+    async def fake_run(lab: Any, scenario: Scenario, mode: str, timing: Timing,
+                       **_: Any) -> Report:
         ran.append((scenario.name, mode))
+        if unreachable:
+            raise ToxiproxyError(0, "connection refused")
         if (scenario.name, mode) == crash:
             raise TimeoutError("the browser did not answer")
-        holds = (scenario.name, mode) != wrong
-        return Outcome(scenario.name, mode, "story", {},  # type: ignore[arg-type]
-                       checks=[CheckResult(Check("done", "==", True), "done", holds, holds)])
+        if scenario.name == unavailable:
+            raise ScenarioUnavailable("no chromium on this machine")
+        figures: Figures = {"done": (scenario.name, mode) != wrong}
+        return Report(scenario.name, mode, "story", figures, judge(DONE, figures, timing))
 
     monkeypatch.setattr(scenario_command, "attached", lambda run_dir: object())
     monkeypatch.setattr(scenarios, "timing_for", lambda lab, **_: Timing())
-    monkeypatch.setattr(scenarios, "run", fake_run)
+    monkeypatch.setattr(runner, "run", fake_run)
     return ran
 
 
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["scenario", "run", *args], env={"COLUMNS": "200"})
+
+
 def run_all(*args: str) -> Any:
-    return CliRunner().invoke(app, ["scenario", "run", "all", "--shuffle", *args],
-                              env={"COLUMNS": "200"})
+    return invoke("all", "--shuffle", *args)
 
 
 def test_every_pair_runs_in_the_printed_seed_s_order_and_the_summary_counts_them(
@@ -48,7 +69,7 @@ def test_every_pair_runs_in_the_printed_seed_s_order_and_the_summary_counts_them
 
     assert result.exit_code == 0, result.output
     assert "--seed 42" in result.output
-    plan = plan_runs(list(CATALOGUE), MODES, repeat=2, shuffle=True, seed=42)
+    plan = plan_runs(list(names()), MODES, repeat=2, shuffle=True, seed=42)
     assert ran == [pair for order in plan.rounds for pair in order]
     assert f"{2 * RUNS} as expected, 0 unexpected, 0 skipped, of {2 * RUNS} runs" in result.output
 
@@ -72,3 +93,74 @@ def test_a_measure_that_raises_is_an_error_row_and_the_others_still_run(
     assert "ERROR" in result.output
     assert "the browser did not answer" in result.output
     assert f"{RUNS - 1} as expected, 1 unexpected" in result.output
+
+
+def test_one_scenario_crashing_is_an_error_report_and_exit_1(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, crash=("idle-cut", "fixed"))
+    result = invoke("idle-cut", "--json")
+
+    assert result.exit_code == 1, result.output
+    runs = json.loads(result.output)["parts"][0]["parts"]
+    assert [(r["variant"], r["status"]) for r in runs] == [("broken", "ran"), ("fixed", "error")]
+    assert runs[1]["reason"] == "TimeoutError: the browser did not answer"
+
+
+def test_a_scenario_this_machine_cannot_run_is_skipped_with_its_reason_not_wrong(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, unavailable="seventh-tab")
+    result = invoke("seventh-tab")
+
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output
+    assert "no chromium on this machine" in result.output
+
+
+def test_the_json_is_one_report_whose_parts_are_each_mode_s_report(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, wrong=("buffering", "broken"))
+    result = invoke("buffering", "--json")
+
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert (report["experiment"], report["as_expected"]) == ("scenarios", False)
+    runs = report["parts"][0]["parts"]
+    assert [(r["experiment"], r["variant"], r["verdict"]) for r in runs] == [
+        ("buffering", "broken", "UNEXPECTED"), ("buffering", "fixed", "works as expected")]
+    assert report["figures"] == {"seed": None, "runs": 2, "as_expected": 1, "unexpected": 1,
+                                 "skipped": 0}
+
+
+def test_an_unknown_scenario_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch)
+    result = invoke("no-such-scenario")
+
+    assert result.exit_code == 2
+    assert "no scenario 'no-such-scenario'" in result.output
+
+
+def test_a_toxiproxy_that_does_not_answer_stops_the_run_with_exit_3(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = install(monkeypatch, unreachable=True)
+    result = run_all("--seed", "1")
+
+    assert result.exit_code == 3
+    assert len(ran) == 1  # nothing after it could run either
+    assert "is the lab up?" in result.output
+
+
+def test_no_lab_to_attach_to_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch)
+
+    def no_lab(run_dir: Any) -> Any:
+        raise typer.Exit(1)  # as attached() does, having said why
+
+    monkeypatch.setattr(scenario_command, "attached", no_lab)
+    assert invoke("idle-cut").exit_code == 3
+
+
+def test_the_exit_codes_are_in_the_help() -> None:
+    result = invoke("--help")
+
+    assert result.exit_code == 0
+    assert "3 the target is unreachable" in " ".join(result.output.split())

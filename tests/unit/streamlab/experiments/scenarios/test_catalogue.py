@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamlab.experiments.report import Figure, judge
-from streamlab.experiments.scenarios import CATALOGUE, MODES, Check, Timing
+from streamlab.experiments.scenarios import MODES, Check, Timing, get, names
 from streamlab.lab.toxiproxy import TOXIC_TYPES
 
 TIMING = Timing()
@@ -15,12 +15,12 @@ HOPS = {"edge", "upstream", "engine"}
 def test_catalogue_has_the_issues_scenarios() -> None:
     assert {"buffering", "idle-cut", "client-watchdog", "websocket-upgrade", "slicer",
     "latency-edge", "latency-upstream", "latency-engine",
-    "bandwidth"} <= set(CATALOGUE)
+    "bandwidth"} <= set(names())
 
 
-@pytest.mark.parametrize("name", list(CATALOGUE))
+@pytest.mark.parametrize("name", list(names()))
 def test_each_scenario_is_complete_data(name: str) -> None:
-    scenario = CATALOGUE[name]
+    scenario = get(name)
     assert scenario.name == name
     for mode in MODES:
         variant = scenario.variant(mode)
@@ -47,7 +47,7 @@ def test_a_missing_or_unordered_figure_fails_the_check(figures: dict[str, Figure
 def test_buffering_checks_tell_a_lump_from_a_stream() -> None:
     lump = {"first_byte_share": 0.99, "ttft_s": 1.33, "done": True}
     stream = {"first_byte_share": 0.28, "ttft_s": 0.37, "done": True}
-    scenario = CATALOGUE["buffering"]
+    scenario = get("buffering")
     assert all(r.holds for r in judge(scenario.broken.expect, lump, TIMING))
     assert not all(r.holds for r in judge(scenario.fixed.expect, lump, TIMING))
     assert all(r.holds for r in judge(scenario.fixed.expect, stream, TIMING))
@@ -79,7 +79,7 @@ LOSS_FIXED: dict[str, Figure] = {
 ])
 def test_replica_scenarios_checks_tell_the_modes_apart(
         name: str, broken: dict[str, Figure], fixed: dict[str, Figure]) -> None:
-    scenario = CATALOGUE[name]
+    scenario = get(name)
     assert all(r.holds for r in judge(scenario.broken.expect, broken, TIMING))
     assert not all(r.holds for r in judge(scenario.fixed.expect, broken, TIMING))
     assert all(r.holds for r in judge(scenario.fixed.expect, fixed, TIMING))
@@ -91,4 +91,4 @@ def test_a_duplicated_token_fails_the_fixed_replica_checks() -> None:
     already logged must fail the fixed mode."""
     for name, fixed in (("rolling-deploy", ROLLING_FIXED), ("replica-loss", LOSS_FIXED)):
         twice = {**fixed, "tokens_duplicated": 1}
-        assert not all(r.holds for r in judge(CATALOGUE[name].fixed.expect, twice, TIMING))
+        assert not all(r.holds for r in judge(get(name).fixed.expect, twice, TIMING))

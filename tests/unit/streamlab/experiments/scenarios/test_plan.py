@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.experiments.scenarios import CATALOGUE, MODES
+from streamlab.experiments.scenarios import MODES, names
 from streamlab.experiments.scenarios.runner import plan_runs
 
-NAMES = list(CATALOGUE)
+NAMES = list(names())
 EVERY_PAIR = sorted((name, mode) for name in NAMES for mode in MODES)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.client.resume_stream import Connection, ResumeResult
 from streamlab.experiments.report import judge
-from streamlab.experiments.scenarios import CATALOGUE, Timing
+from streamlab.experiments.scenarios import Timing, get
 from streamlab.experiments.scenarios.resume import BROKEN, FIXED, figures_of
 
 TEXTS = ["a", "b", "c", "d", "e"]
@@ -43,5 +43,5 @@ def test_a_replayed_token_counts_as_a_duplicate() -> None:
 
 
 def test_resume_runs_on_both_http_hops_as_catalogue_entries() -> None:
-    assert CATALOGUE["resume"].fixed.setup.knobs["hop"] == "edge"
-    assert CATALOGUE["resume-upstream"].fixed.setup.knobs["hop"] == "upstream"
+    assert get("resume").fixed.setup.knobs["hop"] == "edge"
+    assert get("resume-upstream").fixed.setup.knobs["hop"] == "upstream"

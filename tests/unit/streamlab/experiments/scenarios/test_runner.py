@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from streamlab.experiments.report import Check, Figures
-from streamlab.experiments.scenarios.catalogue import CATALOGUE
+from streamlab.experiments.scenarios import registry
 from streamlab.experiments.scenarios.model import Measure, Mode, Scenario, Setup, Variant
 from streamlab.experiments.scenarios.runner import run, timing_for
 from streamlab.experiments.timing import Timing
@@ -210,7 +210,7 @@ def other(mode: Mode) -> Mode:
 @pytest.mark.parametrize("mode", ["broken", "fixed"])
 @pytest.mark.parametrize("name", sorted(REAL_RUNS))
 async def test_a_catalogue_scenarios_checks_tell_its_modes_apart(name: str, mode: Mode) -> None:
-    scenario = CATALOGUE[name]
+    scenario = registry.get(name)
     own, others = REAL_RUNS[name][mode], REAL_RUNS[name][other(mode)]
 
     on_own = await run(FakeLab(), replace(scenario, measure=scripted(own)), mode, TIMING)
@@ -229,7 +229,7 @@ async def test_a_catalogue_scenarios_toxics_reach_the_hops_it_names() -> None:
     seen: list[dict[str, tuple[str, ...]]] = []
     measure = scripted(REAL_RUNS["client-watchdog"]["fixed"], seen)
 
-    await run(lab, replace(CATALOGUE["client-watchdog"], measure=measure), "fixed", TIMING)
+    await run(lab, replace(registry.get("client-watchdog"), measure=measure), "fixed", TIMING)
 
     assert seen == [{"edge": ("timeout_downstream",)}]
     assert lab.fake_toxiproxy.active() == {}

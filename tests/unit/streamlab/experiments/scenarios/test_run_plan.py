@@ -1,0 +1,154 @@
+"""run_plan's policy (skip, error, unreachable) and a mode's one Report, with
+its timelines as artifacts, against FakeLab: no processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios import (
+    Measured,
+    Scenario,
+    ScenarioUnavailable,
+    Setup,
+    TargetUnreachable,
+    Timeline,
+    Timing,
+    Variant,
+    run,
+    run_plan,
+)
+from streamlab.experiments.scenarios.model import Mode
+from streamlab.experiments.scenarios.runner import Plan
+from streamlab.lab.fake import FakeLab
+from streamlab.lab.local import LabOptions
+from streamlab.lab.target import LabTarget
+from streamlab.lab.toxiproxy import Toxic
+
+pytestmark = pytest.mark.anyio
+TIMING = Timing()
+SLOW = Toxic("latency", {"latency": 600, "jitter": 0}, "downstream")
+
+
+def fake_lab(run_dir: Path) -> FakeLab:
+    """Two gateways: the upstream hop has two replicas, so a toxic must reach both."""
+    return FakeLab(LabOptions(run_dir=run_dir, gateways=2))
+
+
+def scenario(measure: Any) -> Scenario:
+    return Scenario(
+        name="toy", summary="a toy", measure=measure,
+        broken=Variant(Setup(toxics=(("upstream", SLOW),)), (Check("ttft_s", ">=", 0.6),), "slow"),
+        fixed=Variant(Setup(), (Check("ttft_s", "<", 0.6),), "plain"))
+
+
+def read_json(path: str) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+SEEN_DURING_MEASURE: list[dict[str, tuple[str, ...]]] = []
+
+
+async def ttft(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+    with lab.toxiproxy() as toxiproxy:
+        SEEN_DURING_MEASURE.append({hop: tuple(t["name"] for t in toxiproxy.toxics(hop))
+                                    for hop in lab.hops_of("upstream")})
+    return {"ttft_s": 0.7 if setup.toxics else 0.1}
+
+
+async def test_a_mode_is_one_report_judged_by_its_checks_and_the_other_mode_s(
+        tmp_path: Path) -> None:
+    lab = fake_lab(tmp_path)
+    SEEN_DURING_MEASURE.clear()
+    report = await run(lab, scenario(ttft), "broken", TIMING)
+
+    assert (report.experiment, report.variant, report.story) == ("toy", "broken", "slow")
+    assert report.figures == {"ttft_s": 0.7}
+    assert [(c.description, c.holds) for c in report.checks] == [("ttft_s >= 0.6", True)]
+    assert [(c.description, c.holds) for c in report.other_checks] == [("ttft_s < 0.6", False)]
+    assert (report.verdict, report.discriminates) == ("broke as expected", True)
+    # The toxic on every hop of its kind while it measured, between two resets.
+    assert [(c.op, c.hop) for c in lab.fake_toxiproxy.calls] == [
+        ("reset", ""), ("add_toxic", "upstream"), ("add_toxic", "upstream-2"), ("reset", "")]
+    [seen] = SEEN_DURING_MEASURE
+    assert seen == {"upstream": ("latency_downstream",), "upstream-2": ("latency_downstream",)}
+    assert lab.fake_toxiproxy.active() == {}
+
+
+async def test_figures_both_modes_accept_do_not_discriminate(tmp_path: Path) -> None:
+    async def always(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+        return {"ttft_s": 0.6}
+
+    lax = Scenario(name="lax", summary="", measure=always,
+                   broken=Variant(Setup(), (Check("ttft_s", ">=", 0.5),), ""),
+                   fixed=Variant(Setup(), (Check("ttft_s", "<=", 0.7),), ""))
+    report = await run(fake_lab(tmp_path), lax, "fixed", TIMING)
+
+    assert report.as_expected
+    assert not report.discriminates
+
+
+async def test_a_measure_s_timelines_become_files_and_artifacts(tmp_path: Path) -> None:
+    async def with_timeline(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
+        return Measured({"ttft_s": 0.1}, (Timeline("attempts", "every attempt",
+                                                    {"attempts": [[0.5, "200"]]}),))
+
+    lab = fake_lab(tmp_path)
+    report = await run(lab, scenario(with_timeline), "fixed", TIMING)
+
+    [artifact] = report.artifacts
+    assert (artifact.kind, artifact.title) == ("timeline", "every attempt")
+    assert Path(artifact.path) == tmp_path / "scenarios" / "toy-fixed-attempts.json"
+    assert read_json(artifact.path) == {"attempts": [[0.5, "200"]]}
+    assert report.figures == {"ttft_s": 0.1}
+
+
+async def test_a_crashing_measure_still_leaves_toxiproxy_reset(tmp_path: Path) -> None:
+    async def crash(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+        raise TimeoutError("no answer")
+
+    lab = fake_lab(tmp_path)
+    with pytest.raises(TimeoutError):
+        await run(lab, scenario(crash), "broken", TIMING)
+    assert lab.fake_toxiproxy.ops()[-1] == "reset"
+    assert lab.fake_toxiproxy.active() == {}
+
+
+async def test_run_plan_skips_errors_and_judges_in_the_plan_s_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(lab: Any, chosen: Scenario, mode: Mode, timing: Timing,
+                       **_: Any) -> Any:
+        if chosen.name == "seventh-tab":
+            raise ScenarioUnavailable("no chromium")
+        if (chosen.name, mode) == ("idle-cut", "fixed"):
+            raise RuntimeError("the client broke")
+        return await run(lab, scenario(ttft), mode, timing)
+
+    import streamlab.experiments.scenarios.runner as runner
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    order: tuple[tuple[str, Mode], ...] = (
+        ("seventh-tab", "broken"), ("idle-cut", "broken"), ("idle-cut", "fixed"))
+    seen: list[str] = []
+    report = await run_plan(fake_lab(tmp_path), Plan(7, (order,)), TIMING,
+                            on_report=lambda repeat, r: seen.append(r.status))
+
+    [repeat] = report.parts
+    assert [(r.status, r.reason) for r in repeat.parts] == [
+        ("skipped", "no chromium"), ("ran", ""), ("error", "RuntimeError: the client broke")]
+    assert seen == ["skipped", "ran", "error"]
+    assert report.figures == {"seed": 7, "runs": 3, "as_expected": 1, "unexpected": 1,
+                              "skipped": 1}
+    assert not report.as_expected
+
+
+async def test_run_plan_stops_when_toxiproxy_does_not_answer(tmp_path: Path) -> None:
+    order: tuple[tuple[str, Mode], ...] = (("idle-cut", "broken"), ("idle-cut", "fixed"))
+    lab = fake_lab(tmp_path)
+    lab.fake_toxiproxy.answers = False
+    with pytest.raises(TargetUnreachable, match="unreachable"):
+        await run_plan(lab, Plan(None, (order,)), TIMING)
