@@ -36,8 +36,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -243,18 +243,17 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("log probabilities are not supported by this gateway")
         return top
 
-    @model_validator(mode="after")
-    def _choice_needs_tools(self) -> ChatCompletionRequest:
-        # OpenAI refuses a choice that forces a call when no tools are offered.
-        choice = self.tool_choice
-        forcing = choice == "required" or isinstance(choice, NamedToolChoice)
-        if forcing and not self.tools:
-            raise ValueError("tool_choice: requires `tools`")
-        if isinstance(choice, NamedToolChoice) and self.tools and choice.function.name not in {
-                t.function.name for t in self.tools}:
-            raise ValueError(f"tool_choice: no tool named {choice.function.name[:64]!r} "
-                             "is in `tools`")
-        return self
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_needs_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        # OpenAI refuses a choice that forces a call to no tool, or to one not offered.
+        tools: list[ToolParam] = info.data.get("tools") or []
+        if (choice == "required" or isinstance(choice, NamedToolChoice)) and not tools:
+            raise ValueError("forcing a tool call requires `tools`")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+                t.function.name for t in tools}:
+            raise ValueError(f"no tool named {choice.function.name[:64]!r} is in `tools`")
+        return choice
 
     @field_validator("n")
     @classmethod
