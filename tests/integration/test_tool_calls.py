@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import grpc
 import openai
 import pytest
 
+from services.engine.backends.fake import FakeModel
 from services.engine.backends.tool_calls import MIN_PIECES
+from services.engine.server import create_server
+from services.engine.settings import EngineSettings, FakeModelDefaults
 from streamlab.lab.local import Lab
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 MODEL = "streamlab-fake"
@@ -105,3 +112,73 @@ def test_unserved_options_are_refused_by_name(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as logprobs:
         sdk.chat.completions.create(model=MODEL, messages=messages, logprobs=True)
     assert logprobs.value.param == "logprobs"
+
+
+# ---- the engine alone, in this process, over real gRPC -----------------------------
+
+class NoToolsModel(FakeModel):
+    """The fake model's text, from a backend that cannot call tools (as hf and openai)."""
+
+    name = "no-tools"
+    calls_tools = False
+
+
+def generate(**fields: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id=f"eng-{uuid.uuid4().hex[:8]}", prompt="hi",
+        tools=[pb.Tool(name="get_time",
+                       parameters_json=json.dumps(TIME["function"]["parameters"]))],
+        timing=pb.FakeModelTiming(prefill_ms=0, token_gap_ms=1, tool_calls=2), **fields)
+
+
+@asynccontextmanager
+async def engine(backend: FakeModel | None = None) -> AsyncIterator[pb_grpc.EngineServiceStub]:
+    settings = EngineSettings(host="127.0.0.1", port=0)
+    server = await create_server(settings, backend or FakeModel(FakeModelDefaults()))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield pb_grpc.EngineServiceStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+@pytest.mark.anyio
+async def test_the_engine_streams_tool_call_events_then_a_tool_calls_finish() -> None:
+    async with engine() as stub:
+        request = generate()
+        responses = [r async for r in stub.Generate(request, timeout=10)]
+        record = await stats(stub, request.request_id)
+    kinds = [r.WhichOneof("event") for r in responses]
+    assert set(kinds[:-1]) == {"tool_call"}
+    assert kinds[-1] == "finish"
+    finish = responses[-1].finish
+    assert finish.reason == pb.FINISH_REASON_TOOL_CALLS
+    assert finish.usage.completion_tokens == len(kinds) - 1  # one decode step per delta
+    pieces = [r.tool_call for r in responses[:-1]]
+    assert [p.index for p in pieces[:4]] == [0, 1, 0, 1]
+    for index in (0, 1):
+        assert json.loads("".join(p.arguments for p in pieces if p.index == index)) == {
+            "city": "example city", "hours_ahead": 0}
+    assert record.generations[0].tokens_generated == len(pieces)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("backend", "fields", "named"), [
+    (NoToolsModel(FakeModelDefaults()), {}, "the no-tools backend does not call tools"),
+    (None, {"detachable": True}, "detachable"),
+])
+async def test_the_engine_refuses_tools_it_would_drop(backend: FakeModel | None,
+                                                      fields: dict[str, Any], named: str) -> None:
+    async with engine(backend) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            [r async for r in stub.Generate(generate(**fields), timeout=10)]
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert named in (refused.value.details() or "")
+        assert (await stats(stub)).generations_started == 0
+
+
+async def stats(stub: pb_grpc.EngineServiceStub, request_id: str = "") -> pb.GetStatsResponse:
+    response: pb.GetStatsResponse = await stub.GetStats(
+        pb.GetStatsRequest(request_id=request_id), timeout=5)
+    return response
