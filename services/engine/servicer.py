@@ -63,6 +63,8 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
     if any(not s or len(s) > MAX_STOP_CHARS for s in request.stop):
         raise InvalidRequest(f"stop: each sequence must be 1-{MAX_STOP_CHARS} characters")
     tools, forced = _tools(request)
+    required = request.tool_choice.mode in (pb.TOOL_CHOICE_MODE_REQUIRED,
+                                            pb.TOOL_CHOICE_MODE_FUNCTION)
     return GenerationInput(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt=request.prompt,
@@ -72,6 +74,7 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         requested_max_tokens=request.max_tokens,
         tools=tools,
         forced_tool=forced,
+        tool_required=required and bool(tools),
     )
 
 

@@ -129,11 +129,16 @@ class ContentPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")  # name, tool_calls, ...
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: WireText | list[ContentPart]
+    # null only on an assistant's turn (one that made tool calls, sent back
+    # as the conversation's history).
+    content: WireText | list[ContentPart] | None = Field(None, validate_default=True)
 
     @field_validator("content")
     @classmethod
-    def _parts_have_text(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+    def _parts_have_text(cls, content: str | list[ContentPart] | None, info: ValidationInfo
+                         ) -> str | list[ContentPart] | None:
+        if content is None and info.data.get("role") != "assistant":
+            raise ValueError("a message needs `content` (only an assistant's may be null)")
         if isinstance(content, list) and any(part.text is None for part in content):
             raise ValueError("a text content part needs a \"text\" string")
         return content
@@ -141,6 +146,8 @@ class Message(BaseModel):
     @property
     def text(self) -> str:
         """The content as one string: the text parts joined by newlines (as vLLM does)."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text or "" for part in self.content)

@@ -94,6 +94,30 @@ def test_a_named_choice_calls_that_tool_and_no_streaming_assembles_it(
     assert json.loads(calls[0].function.arguments)["hours_ahead"] == 0  # type: ignore[union-attr]
 
 
+def test_a_call_then_its_result_then_a_text_answer(sdk: openai.OpenAI) -> None:
+    """The loop an agent runs: the model calls, the client answers each call
+    with a `tool` message and sends the history back (the assistant's turn with
+    `content: null`), and the model answers in text."""
+    messages: list[Any] = [{"role": "user", "content": "weather in Oslo?"}]
+    first = sdk.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
+                                        extra_body=fast())
+    turn = first.choices[0].message
+    assert turn.tool_calls
+    messages.append(turn.model_dump(exclude_none=False, include={"role", "content",
+                                                                  "tool_calls"}))
+    messages += [{"role": "tool", "tool_call_id": call.id, "content": "12 C, cloudy"}
+                 for call in turn.tool_calls]
+    second = sdk.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
+                                         extra_body=fast(answer_tokens=4))
+    choice = second.choices[0]
+    assert (choice.finish_reason, choice.message.tool_calls) == ("stop", None)
+    assert choice.message.content
+    # tool_choice "required" asks for another call even after a result.
+    third = sdk.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
+                                        tool_choice="required", extra_body=fast())
+    assert third.choices[0].finish_reason == "tool_calls"
+
+
 def test_tool_choice_none_answers_text(sdk: openai.OpenAI) -> None:
     completion = sdk.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],

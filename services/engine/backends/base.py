@@ -79,6 +79,8 @@ class GenerationInput:
     # and the one it must call when the client named one.
     tools: tuple[ToolSpec, ...] = field(default=())
     forced_tool: str | None = None
+    # tool_choice "required" or a named tool: a call is due whatever the messages say.
+    tool_required: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ Two clocks make the tokens (the request's `clock`, else STREAMLAB_FAKE_CLOCK):
 
 Offered tools (and a tool_choice that is not "none"), it answers with tool
 calls instead of text (tool_calls.py): the request's `tool_calls` of them
-(default one), each delta one decode step on the same clock as a token.
+(default one), each delta one decode step on the same clock as a token. After
+a tool's result (the last message's role is "tool") it answers text, unless
+tool_choice requires a call.
 
 The timing is this backend's own option: read from the request's
 `FakeModelTiming` (each unset field from STREAMLAB_FAKE_*) by `options()`, so
@@ -107,6 +109,17 @@ def read_timing(request: pb.GenerateRequest, defaults: FakeModelDefaults) -> Fak
     return timing
 
 
+def calls_tools(request: GenerationInput) -> bool:
+    """Whether the fake model answers with tool calls: tools are offered and
+    either a call is required or the conversation does not end in a tool's
+    result (as a model answers the results of its calls in text, so a
+    client's call-then-answer loop ends)."""
+    if not request.tools:
+        return False
+    answered = bool(request.messages) and request.messages[-1].role == "tool"
+    return request.tool_required or not answered
+
+
 def token_text(index: int) -> str:
     return WORDS[index % len(WORDS)] + " "
 
@@ -166,7 +179,7 @@ class FakeModel:
     def generate(
         self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
     ) -> AsyncGenerator[str | list[str] | ToolCallPiece, None]:
-        if request.tools:
+        if calls_tools(request):
             return self._tool_calls(request, timing, tracker)
         if timing.clock == "per_stream":
             return self._own_timer(request, timing, tracker)
@@ -228,7 +241,7 @@ class FakeModel:
     def finished_by_length(
         self, request: GenerationInput, timing: FakeTiming, produced: int
     ) -> bool:
-        if request.tools:
+        if calls_tools(request):
             return False  # a tool-call answer is never cut (see _tool_calls)
         return timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
 

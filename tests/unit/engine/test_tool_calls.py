@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.engine.backends.base import GenerationInput, InvalidRequest, ToolSpec
-from services.engine.backends.fake import Clock, FakeModel, FakeTiming
+from services.engine.backends.base import ChatMessage, GenerationInput, InvalidRequest, ToolSpec
+from services.engine.backends.fake import Clock, FakeModel, FakeTiming, calls_tools
 from services.engine.backends.tool_calls import (
     MIN_PIECES,
     call_id,
@@ -178,3 +178,25 @@ def test_bad_tool_requests_are_refused_naming_the_field(request_: pb.GenerateReq
                                                         named: str) -> None:
     with pytest.raises(InvalidRequest, match=named):
         to_generation_input(request_, EngineSettings())
+
+
+@pytest.mark.parametrize(("last_role", "required", "calls"), [
+    ("user", False, True), ("tool", False, False), ("tool", True, True)])
+def test_after_a_tool_s_result_the_fake_model_answers_text_unless_a_call_is_required(
+        last_role: str, required: bool, calls: bool) -> None:
+    messages = (ChatMessage("user", "hi"), ChatMessage(last_role, "12 C"))
+    request = GenerationInput("r", "", messages, max_tokens=5, tools=(WEATHER,),
+                              tool_required=required)
+    assert calls_tools(request) is calls
+    assert not calls_tools(GenerationInput("r", "", messages, max_tokens=5))
+
+
+def test_a_named_or_required_choice_marks_the_call_required() -> None:
+    def read(mode: pb.ToolChoiceMode, function: str = "") -> GenerationInput:
+        return to_generation_input(pb.GenerateRequest(
+            prompt="x", tools=wire_tools("a"),
+            tool_choice=pb.ToolChoice(mode=mode, function=function)), EngineSettings())
+
+    assert read(pb.TOOL_CHOICE_MODE_REQUIRED).tool_required
+    assert read(pb.TOOL_CHOICE_MODE_FUNCTION, "a").tool_required
+    assert not read(pb.TOOL_CHOICE_MODE_AUTO).tool_required

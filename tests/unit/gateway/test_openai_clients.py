@@ -187,3 +187,21 @@ async def test_surfaces_that_cannot_relay_tool_calls_refuse_tools() -> None:
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "tools"
     assert gw.engine.calls == []
+
+
+async def test_an_assistant_turn_with_null_content_is_history_a_user_s_is_not() -> None:
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_0", "type": "function",
+                    "function": {"name": "a", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "42"}]
+    async with running() as gw:
+        ok = await gw.http.post(CHAT, json={**chat(False), "messages": history})
+        assert ok.status_code == 200
+        sent = gw.engine.last.request.messages
+        assert [(m.role, m.content) for m in sent] == [
+            ("user", "hi"), ("assistant", ""), ("tool", "42")]
+        for message in ({"role": "user", "content": None}, {"role": "user"}):
+            refused = await gw.http.post(CHAT, json={**chat(False), "messages": [message]})
+            assert refused.status_code == 400
+            assert refused.json()["error"]["param"] == "messages.0.content"
