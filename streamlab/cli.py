@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
 import typer
 
 from streamlab.commands import bench, compose, console, lab, scenario, soak, toxic
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+# Shell completion: `streamlab --install-completion` (bash, zsh, fish, PowerShell).
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=True)
 # Lab lifecycle: up, down, status, chat (top-level commands).
 app.registered_commands.extend(lab.app.registered_commands)
 # Families of commands register here, one line each:
@@ -16,6 +20,30 @@ toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")
 app.add_typer(compose.app, name="compose")
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's), the one a bug
+    report needs; a source tree run without installing has none to read."""
+    try:
+        return version("streamlab")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"streamlab {package_version()}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", is_eager=True,
+        callback=_print_version)] = False,
+) -> None:
+    """`streamlab`: bring the lab up, break it on purpose, measure it, take it down."""
 
 
 def main() -> None:

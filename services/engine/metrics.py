@@ -12,6 +12,9 @@ speaks only HTTP/2 gRPC), served by prometheus_client's thread.
     streamlab_engine_tokens_after_cancel_total  tokens made after a cancel arrived
     streamlab_engine_running, _queued       generations holding a slot / waiting now
 
+Conventions, as the gateway's: no `*_created` series, and the registry carries
+the process_* and python_info series a default registry would.
+
 Nothing here is on the per-token path: the step histograms are observed once
 per step (for the whole batch), the counters are read from EngineStats when
 scraped.
@@ -23,7 +26,14 @@ from collections.abc import Iterator
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -35,6 +45,10 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.05, 0.07
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                  300.0)
+
+# A process-wide switch in prometheus_client (read at scrape): no `*_created`
+# sample on any histogram or counter (creation timestamps nobody here reads).
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
 
 
 class _StatsCollector(Collector):
@@ -64,6 +78,8 @@ class _StatsCollector(Collector):
 class EngineMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.decode_step = Histogram(
             "streamlab_engine_decode_step_seconds",
             "Between consecutive decode steps while the clock is busy",

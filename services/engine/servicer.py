@@ -16,6 +16,7 @@ decode loop lives in a thread and notices later than the event loop does.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -34,6 +35,8 @@ from services.engine.backends.base import (
     GenerationSummary,
     InvalidRequest,
     ObservesSteps,
+    ToolCallPiece,
+    ToolSpec,
 )
 from services.engine.detached import AttachRefused, Detachables, Replaced, Stopped
 from services.engine.metrics import EngineMetrics
@@ -59,6 +62,9 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
                              f"got {len(request.stop)}")
     if any(not s or len(s) > MAX_STOP_CHARS for s in request.stop):
         raise InvalidRequest(f"stop: each sequence must be 1-{MAX_STOP_CHARS} characters")
+    tools, forced = _tools(request)
+    required = request.tool_choice.mode in (pb.TOOL_CHOICE_MODE_REQUIRED,
+                                            pb.TOOL_CHOICE_MODE_FUNCTION)
     return GenerationInput(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt=request.prompt,
@@ -66,7 +72,42 @@ def to_generation_input(request: pb.GenerateRequest, settings: EngineSettings) -
         max_tokens=request.max_tokens or settings.max_tokens_limit,
         stop=tuple(request.stop),
         requested_max_tokens=request.max_tokens,
+        tools=tools,
+        forced_tool=forced,
+        tool_required=required and bool(tools),
     )
+
+
+MAX_TOOLS = 128  # OpenAI's own limit on `tools`
+
+
+def _tools(request: pb.GenerateRequest) -> tuple[tuple[ToolSpec, ...], str | None]:
+    """The offered tools the model may call (none under tool_choice NONE) and
+    the one it must call; InvalidRequest names what is wrong."""
+    if len(request.tools) > MAX_TOOLS:
+        raise InvalidRequest(f"tools: at most {MAX_TOOLS}, got {len(request.tools)}")
+    tools: list[ToolSpec] = []
+    for i, tool in enumerate(request.tools):
+        if not tool.name:
+            raise InvalidRequest(f"tools.{i}.name is required")
+        try:
+            parameters = json.loads(tool.parameters_json) if tool.parameters_json else {}
+        except ValueError:
+            raise InvalidRequest(f"tools.{i}.parameters_json is not JSON") from None
+        if not isinstance(parameters, dict):
+            raise InvalidRequest(f"tools.{i}.parameters_json must be a JSON object")
+        tools.append(ToolSpec(tool.name, tool.description, parameters))
+    mode = request.tool_choice.mode
+    if mode in (pb.TOOL_CHOICE_MODE_REQUIRED, pb.TOOL_CHOICE_MODE_FUNCTION) and not tools:
+        raise InvalidRequest("tool_choice: requires tools")
+    if mode == pb.TOOL_CHOICE_MODE_NONE:
+        return (), None
+    if mode == pb.TOOL_CHOICE_MODE_FUNCTION:
+        name = request.tool_choice.function
+        if name not in {tool.name for tool in tools}:
+            raise InvalidRequest(f"tool_choice: no tool named {name[:80]!r} is offered")
+        return tuple(tools), name
+    return tuple(tools), None
 
 
 async def _abort_for(context: grpc.aio.ServicerContext,
@@ -113,6 +154,11 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         try:
             generation = to_generation_input(request, self._settings)
             options = self._backend.options(request)
+            if generation.tools and not self._backend.calls_tools:
+                raise InvalidRequest(f"tools: the {self._backend.name} backend does not "
+                                     "call tools")
+            if generation.tools and request.detachable:
+                raise InvalidRequest("tools: a detachable generation streams tokens only")
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.detachable and generation.request_id in self._detachables:
@@ -208,6 +254,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         stopped = False
         unsent = 0
         announced = False
+        called_tools = False
         try:
             # aclosing: the backend's own `finally` (freeing a KV cache, closing an
             # upstream HTTP stream) runs now on every exit, not when GC gets to it.
@@ -220,6 +267,13 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                         continue
                     if isinstance(item, GenerationSummary):
                         summary = item
+                        continue
+                    if isinstance(item, ToolCallPiece):
+                        # Arguments are JSON, not prose: stop sequences do not apply.
+                        called_tools = True
+                        yield pb.GenerateResponse(tool_call=pb.ToolCallDelta(
+                            index=item.index, id=item.id, name=item.name,
+                            arguments=item.arguments))
                         continue
                     texts = item if isinstance(item, list) else (item,)
                     chunks: list[pb.TokenChunk] = []
@@ -258,7 +312,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     completion_tokens=made,
                     finished_by_length=by_length,
                 )
-            reason = (pb.FINISH_REASON_LENGTH if summary.finished_by_length
+            reason = (pb.FINISH_REASON_TOOL_CALLS if called_tools
+                      else pb.FINISH_REASON_LENGTH if summary.finished_by_length
                       else pb.FINISH_REASON_STOP)
             state = GenerationState.COMPLETED
             yield pb.GenerateResponse(
@@ -280,7 +335,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 state = GenerationState.CANCELLED
             raise
         except BackendError as exc:
-            if produced == 0:
+            if produced == 0 and not called_tools:
                 raise  # the caller gets it as a gRPC status
             yield pb.GenerateResponse(error=pb.StreamError(code=exc.code, message=exc.message))
         finally:

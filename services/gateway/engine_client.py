@@ -43,8 +43,9 @@ log = logging.getLogger("streamlab.gateway.engine")
 if TYPE_CHECKING:
     from services.gateway.metrics import StreamTimings
 
-# What a stream yields: each token chunk, then the finish (nothing after it).
-EngineEvent = pb.TokenChunk | pb.Finish
+# What a stream yields: each token chunk (or tool-call delta, only to a request
+# that offered tools), then the finish (nothing after it).
+EngineEvent = pb.TokenChunk | pb.ToolCallDelta | pb.Finish
 
 
 class EngineCall(Protocol):
@@ -209,6 +210,10 @@ class EngineStream:
                                                strict=True):
                             self.pending = left
                             yield chunk
+                    elif kind == "tool_call":
+                        if timings is not None:
+                            timings.tokens(monotonic(), 1)
+                        yield response.tool_call
                     elif kind == "finish":
                         self.ended = True
                         yield response.finish

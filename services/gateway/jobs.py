@@ -184,7 +184,7 @@ class JobStore:
                 if isinstance(event, pb.TokenChunk):
                     job.tokens.append(event.text)
                     job.notify()
-                else:
+                elif isinstance(event, pb.Finish):  # tool calls: refused on this surface
                     job.finish_reason = FINISH_REASONS.get(event.reason, "stop")
                     job.done = True
         except EngineError as exc:

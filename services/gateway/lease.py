@@ -37,7 +37,7 @@ from services.gateway.engine_client import EngineEvent, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamSlot
 from services.gateway.metrics import StreamTimings
-from services.gateway.openai_api import ChatCompletionRequest
+from services.gateway.openai_api import TOOL_SURFACES, ChatCompletionRequest
 
 if TYPE_CHECKING:
     from services.gateway.state import GatewayState
@@ -93,6 +93,9 @@ class EngineLease:
             raise GatewayError(404, "model_not_found",
                                f"the model {body.model[:80]!r} does not exist; GET /v1/models "
                                "lists the ones served here", param="model")
+        if body.tools and self._surface not in TOOL_SURFACES:
+            raise BadRequest("unsupported_parameter", "tools: only /v1/chat/completions "
+                             "streams tool calls", param="tools")
         prompt_chars = sum(len(m.text) for m in body.messages)
         if prompt_chars > settings.max_prompt_chars:
             raise BadRequest("prompt_too_long", f"messages hold {prompt_chars} characters; "

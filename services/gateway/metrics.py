@@ -12,6 +12,14 @@ websocket: the surface that opened the engine call):
                                               sent, or the client gone)
     streamlab_gateway_cancel_latency_seconds  the client leaving (its http.disconnect)
                                               to the engine call cancelled
+
+Conventions: no `*_created` series (prometheus_client's per-series creation
+timestamps double the series count and no dashboard here reads them); the
+labelled counters start at 0 for every label value the gateway knows
+(`STREAM_OUTCOMES`, `ENGINE_ERROR_CODES`), so `rate()` and `increase()` see a
+series before its first event instead of missing the first increment; and
+the registry carries the process_* and python_info series a default registry
+would (CPU, memory, open files), since it is a registry of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +27,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import grpc
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -32,6 +48,21 @@ GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                     600.0, 1800.0)
 CANCEL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+# A process-wide switch in prometheus_client (read when a registry is scraped):
+# no `*_created` sample on any counter or histogram of this process.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+
+# How an OpenAI-route stream ends (services/gateway/openai_routes.py).
+STREAM_OUTCOMES = ("completed", "client_disconnect", "engine_error", "drained")
+# The engine failures the gateway can name: every gRPC status the engine (or
+# the hop) can end a call with, and the gateway's own (a stream with no finish,
+# its deadlines, the drain). An engine's mid-stream error event may name a
+# backend's own code besides (those series appear when first seen).
+ENGINE_ERROR_CODES = (
+    *(status.name.lower() for status in grpc.StatusCode if status is not grpc.StatusCode.OK),
+    "truncated", "engine_timeout", "engine_idle_timeout", "stream_deadline", "server_draining",
+)
 
 
 class LoopHistogram:
@@ -131,6 +162,8 @@ class StreamTimings:
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.streams_active = Gauge(
             "streamlab_gateway_streams_active", "SSE streams open now", registry=self.registry
         )
@@ -166,6 +199,10 @@ class GatewayMetrics:
             "The client leaving to the engine call cancelled",
             "surface", CANCEL_BUCKETS, self.registry)
         self._surfaces: dict[str, SurfaceTimings] = {}
+        for outcome in STREAM_OUTCOMES:
+            self.streams.labels(outcome)
+        for code in ENGINE_ERROR_CODES:
+            self.engine_errors.labels(code)
 
     def surface(self, name: str) -> SurfaceTimings:
         found = self._surfaces.get(name)

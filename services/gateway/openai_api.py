@@ -6,7 +6,10 @@ timing for this one request, so tests and scenarios need no restarts:
 
     "streamlab": {"prefill_ms": 300, "token_gap_ms": 50, "answer_tokens": 20,
                   "pauses": [{"after_token": 4, "pause_ms": 3000}],
-                  "request_id": "my-id", "heartbeat_s": 0.5}
+                  "request_id": "my-id", "heartbeat_s": 0.5, "tool_calls": 2}
+
+`tool_calls`: how many tool calls the fake model makes when the request
+offers `tools` (default one; the calls' argument deltas interleave by index).
 
 `heartbeat_s` overrides the gateway's `: ping` interval for this one stream
 (0 turns pings off), so a scenario can show an idle cut and its fix on the
@@ -29,12 +32,24 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 MAX_DELAY_MS = 600_000  # ten minutes: past that a "pause" is a hang, not a lab setting
 UINT32_MAX = 2**32 - 1
+MAX_TOOLS = 128  # OpenAI's limit on `tools`
+MAX_TOOL_CALLS = 64
+# The surfaces (a lease's label) whose writers relay tool-call deltas; the
+# others (resume, polling, websocket) refuse `tools` rather than drop the calls.
+TOOL_SURFACES = ("sse", "json")
 INT64_MAX = 2**63 - 1
 # Request ids travel as gRPC metadata and HTTP headers: ASCII only (a `\w`
 # would let "café" through, which gRPC then refuses as invalid metadata).
@@ -86,6 +101,8 @@ class StreamlabOptions(BaseModel):
     # Polling jobs only: this job's TTL. None: the gateway's; 0: never expires
     # (the leak). It may shorten the gateway's TTL; a longer one is cut to it.
     job_ttl_s: float | None = Field(None, ge=0, le=MAX_DELAY_MS / 1000)
+    # How many tool calls the fake model makes when tools are offered (None: one).
+    tool_calls: int | None = Field(None, ge=1, le=MAX_TOOL_CALLS)
 
     def heartbeat_or(self, default_s: float) -> float:
         if self.heartbeat_s is None:
@@ -113,11 +130,16 @@ class ContentPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")  # name, tool_calls, ...
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: WireText | list[ContentPart]
+    # null only on an assistant's turn (one that made tool calls, sent back
+    # as the conversation's history).
+    content: WireText | list[ContentPart] | None = Field(None, validate_default=True)
 
     @field_validator("content")
     @classmethod
-    def _parts_have_text(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+    def _parts_have_text(cls, content: str | list[ContentPart] | None, info: ValidationInfo
+                         ) -> str | list[ContentPart] | None:
+        if content is None and info.data.get("role") != "assistant":
+            raise ValueError("a message needs `content` (only an assistant's may be null)")
         if isinstance(content, list) and any(part.text is None for part in content):
             raise ValueError("a text content part needs a \"text\" string")
         return content
@@ -125,9 +147,52 @@ class Message(BaseModel):
     @property
     def text(self) -> str:
         """The content as one string: the text parts joined by newlines (as vLLM does)."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text or "" for part in self.content)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # strict: accepted, not enforced
+    # OpenAI's rule for function names.
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: WireText = ""
+    parameters: dict[str, Any] | None = None
+
+
+class ToolParam(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ResponseFormat(BaseModel):
+    """Only OpenAI's default, plain text, is served; a JSON mode is refused by
+    name rather than answered with text the client would fail to parse."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        if kind != "text":
+            raise ValueError(f"{kind[:40]!r} is not supported: no backend here constrains "
+                             "its output (only \"text\")")
+        return kind
 
 
 class StreamOptions(BaseModel):
@@ -161,7 +226,42 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # Function tools: the fake model calls them (services/engine/backends/tool_calls.py);
+    # a backend that cannot is refused by the engine, never ignored.
+    tools: list[ToolParam] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Served only as their defaults (plain text, no log probabilities): the
+    # rest is a 400 that names the parameter, never silently ignored.
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     streamlab: StreamlabOptions | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: bool | None) -> bool | None:
+        if logprobs:
+            raise ValueError("log probabilities are not supported by this gateway")
+        return logprobs
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, top: int | None) -> int | None:
+        if top:
+            raise ValueError("log probabilities are not supported by this gateway")
+        return top
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_needs_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        # OpenAI refuses a choice that forces a call to no tool, or to one not offered.
+        tools: list[ToolParam] = info.data.get("tools") or []
+        if (choice == "required" or isinstance(choice, NamedToolChoice)) and not tools:
+            raise ValueError("forcing a tool call requires `tools`")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+                t.function.name for t in tools}:
+            raise ValueError(f"no tool named {choice.function.name[:64]!r} is in `tools`")
+        return choice
 
     @field_validator("n")
     @classmethod
@@ -179,6 +279,20 @@ class ChatCompletionRequest(BaseModel):
         chosen = {name: value for name, value in fields.items() if value is not None}
         return pb.SamplingOptions(**chosen) if chosen else None
 
+    def engine_tools(self) -> list[pb.Tool]:
+        return [pb.Tool(name=t.function.name, description=t.function.description,
+                        parameters_json=(json.dumps(t.function.parameters)
+                                         if t.function.parameters is not None else ""))
+                for t in self.tools or ()]
+
+    def engine_tool_choice(self) -> pb.ToolChoice | None:
+        choice = self.tool_choice
+        if choice is None:
+            return None
+        if isinstance(choice, NamedToolChoice):
+            return pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_FUNCTION, function=choice.function.name)
+        return pb.ToolChoice(mode=_TOOL_CHOICE_MODES[choice])
+
     def to_engine_request(self, request_id: str) -> pb.GenerateRequest:
         options = self.streamlab or StreamlabOptions()
         timing = pb.FakeModelTiming(
@@ -187,6 +301,7 @@ class ChatCompletionRequest(BaseModel):
             answer_tokens=options.answer_tokens,
             pauses=[pb.ThinkPause(after_token=p.after_token, pause_ms=p.pause_ms)
                     for p in options.pauses],
+            tool_calls=options.tool_calls,
         )
         return pb.GenerateRequest(
             request_id=request_id,
@@ -195,22 +310,32 @@ class ChatCompletionRequest(BaseModel):
             timing=timing,
             stop=self.stop_sequences(),
             sampling=self.sampling(),
+            tools=self.engine_tools(),
+            tool_choice=self.engine_tool_choice(),
         )
+
+
+_TOOL_CHOICE_MODES = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
+                      "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
+                  pb.FINISH_REASON_TOOL_CALLS: "tool_calls"}
 
 
 _TOKEN_SUFFIX = '},"finish_reason":null}]}\n\n'
+# With `stream_options.include_usage`, OpenAI puts `"usage": null` on every
+# chunk but the last (which carries the usage and no choices).
+_TOKEN_SUFFIX_USAGE = '},"finish_reason":null}],"usage":null}\n\n'
 
 
 class ChunkWriter:
     """Formats one stream's `chat.completion.chunk` payloads (the `data:` JSON)."""
 
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(self, request_id: str, model: str, include_usage: bool = False) -> None:
         self._head = {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion.chunk",
@@ -219,6 +344,8 @@ class ChunkWriter:
         }
         self._first = True
         self._token_prefix: str | None = None
+        self._include_usage = include_usage
+        self._token_suffix = _TOKEN_SUFFIX_USAGE if include_usage else _TOKEN_SUFFIX
 
     def token(self, text: str) -> str:
         delta: dict[str, str] = {"content": text}
@@ -241,7 +368,22 @@ class ChunkWriter:
             head = json.dumps(self._head, separators=(",", ":"), ensure_ascii=False)
             self._token_prefix = f'data: {head[:-1]},"choices":[{{"index":0,"delta":{{"content":'
         return (self._token_prefix + json.dumps(text, ensure_ascii=False)
-                + _TOKEN_SUFFIX).encode()
+                + self._token_suffix).encode()
+
+    def tool_call(self, piece: pb.ToolCallDelta) -> str:
+        """One tool-call delta as OpenAI streams it: a call's first carries its
+        id, type and name; later ones only its index and an arguments piece."""
+        call: dict[str, Any] = {"index": piece.index}
+        if piece.id:
+            call.update(id=piece.id, type="function",
+                        function={"name": piece.name, "arguments": piece.arguments})
+        else:
+            call["function"] = {"arguments": piece.arguments}
+        delta: dict[str, Any] = {"tool_calls": [call]}
+        if self._first:
+            delta = {"role": "assistant", "content": None, **delta}
+            self._first = False
+        return self._dump([{"index": 0, "delta": delta, "finish_reason": None}])
 
     def finish(self, finish: pb.Finish) -> str:
         reason = FINISH_REASONS.get(finish.reason, "stop")
@@ -251,8 +393,29 @@ class ChunkWriter:
         return self._dump([], usage=usage_dict(finish.usage))
 
     def _dump(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        if self._include_usage:
+            extra.setdefault("usage", None)
         return json.dumps({**self._head, "choices": choices, **extra}, separators=(",", ":"),
                           ensure_ascii=False)
+
+
+class ToolCallAssembler:
+    """A non-streamed answer's `message.tool_calls`: the deltas joined by index."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, piece: pb.ToolCallDelta) -> None:
+        call = self._calls.setdefault(piece.index, {
+            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        if piece.id:
+            call["id"] = piece.id
+        if piece.name:
+            call["function"]["name"] = piece.name
+        call["function"]["arguments"] += piece.arguments
+
+    def calls(self) -> list[dict[str, Any]]:
+        return [self._calls[index] for index in sorted(self._calls)]
 
 
 def usage_dict(usage: pb.Usage) -> dict[str, int]:
@@ -263,7 +426,12 @@ def usage_dict(usage: pb.Usage) -> dict[str, int]:
     }
 
 
-def completion(request_id: str, model: str, text: str, finish: pb.Finish) -> dict[str, Any]:
+def completion(request_id: str, model: str, text: str, finish: pb.Finish,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        # As OpenAI answers a tool call: no content, the calls assembled.
+        message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -271,7 +439,7 @@ def completion(request_id: str, model: str, text: str, finish: pb.Finish) -> dic
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "finish_reason": FINISH_REASONS.get(finish.reason, "stop"),
         }],
         "usage": usage_dict(finish.usage),

@@ -33,6 +33,7 @@ from services.gateway.openai_api import (
     ChatCompletionRequest,
     ChunkWriter,
     StreamlabOptions,
+    ToolCallAssembler,
     completion,
 )
 from services.gateway.sse_response import event_stream
@@ -77,7 +78,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     options = body.streamlab or StreamlabOptions()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return event_stream(
-        _events(lease.events(), ChunkWriter(stream.request_id, settings.model_name),
+        _events(lease.events(),
+                ChunkWriter(stream.request_id, settings.model_name, include_usage),
                 include_usage, gateway.metrics, settings.drain_retry_ms,
                 ready=lambda: stream.pending),
         settings=settings, metrics=gateway.metrics,
@@ -104,6 +106,12 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
                 if ready() == 0:
                     yield batch[0] if len(batch) == 1 else b"".join(batch)
                     batch = []
+            elif isinstance(event, pb.ToolCallDelta):
+                metrics.tokens.inc()
+                if batch:
+                    yield b"".join(batch)
+                    batch = []
+                yield ServerSentEvent(data=writer.tool_call(event))
             else:
                 if batch:  # only a wrapper that reorders events could leave one
                     yield b"".join(batch)
@@ -156,10 +164,13 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T],
 
 async def _collect(lease: EngineLease, model: str) -> dict[str, object]:
     parts: list[str] = []
+    calls = ToolCallAssembler()
     async for event in lease.events():
         if isinstance(event, pb.TokenChunk):
             parts.append(event.text)
+        elif isinstance(event, pb.ToolCallDelta):
+            calls.add(event)
         else:
-            return completion(lease.request_id, model, "".join(parts), event)
+            return completion(lease.request_id, model, "".join(parts), event, calls.calls())
     # Unreachable: a lease's events end with a finish or raise (for the type checker).
     raise EngineError(502, "truncated", "engine stream ended without a finish event")

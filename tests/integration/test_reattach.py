@@ -158,7 +158,7 @@ async def test_a_killed_callers_generation_is_reattached_from_the_last_index_exa
             if isinstance(event, pb.TokenChunk):
                 indexes.append(event.index)
                 texts.append(event.text)
-            else:
+            elif isinstance(event, pb.Finish):
                 finish = event
         assert indexes == list(range(k + 1, tokens)), "each token after k once, in order"
         assert "".join(texts) == reference(tokens)
@@ -270,7 +270,7 @@ async def test_an_attach_after_the_finish_was_sent_gets_the_tail_and_the_finish(
         async for event in replay:
             if isinstance(event, pb.TokenChunk):
                 indexes.append(event.index)
-            else:
+            elif isinstance(event, pb.Finish):
                 finishes.append(event)
         assert indexes == [tokens - 2, tokens - 1], "the tail after the stored index, once"
         assert len(finishes) == 1

@@ -15,6 +15,11 @@ tokens that were ready together (each still one decode step, counted when it
 was made); the servicer sends them in one message to a caller that accepts
 batches. It never waits to fill one.
 
+A backend that `calls_tools` may yield `ToolCallPiece`s when the request
+offers tools (`GenerationInput.tools`): the servicer sends each as a
+`tool_call` event and ends the generation with TOOL_CALLS. One that does not
+never sees tools: the servicer refuses such a request first.
+
 A backend that knows more than "one chunk = one token" (a real tokenizer's
 counts, a stop at end-of-sequence) yields one `GenerationSummary` after its
 last text; the servicer then reports that instead of its own counting. Errors
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from services.engine.errors import EngineException
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -42,6 +47,26 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A function the client offers (OpenAI's `tools[].function`)."""
+
+    name: str
+    description: str = ""
+    # The parsed JSON Schema of its arguments ({}: none given).
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCallPiece:
+    """One delta of a tool call: `id` and `name` only on a call's first."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class GenerationInput:
     request_id: str
     prompt: str
@@ -51,6 +76,12 @@ class GenerationInput:
     # What the client asked for; 0 when it set none (max_tokens then holds the
     # engine's limit). An upstream server is only sent a limit the client set.
     requested_max_tokens: int = 0
+    # The tools the model may call (empty: none offered, or tool_choice "none"),
+    # and the one it must call when the client named one.
+    tools: tuple[ToolSpec, ...] = field(default=())
+    forced_tool: str | None = None
+    # tool_choice "required" or a named tool: a call is due whatever the messages say.
+    tool_required: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +142,9 @@ class Backend(Protocol[OptionsT]):
     # How many generations it runs at once; the engine queues the rest
     # (services/engine/admission.py). None: as many as the engine allows.
     max_concurrency: int | None
+    # Whether generate() can answer with tool calls; a request offering tools
+    # to a backend that cannot is refused (INVALID_ARGUMENT), never ignored.
+    calls_tools: bool
 
     def options(self, request: pb.GenerateRequest) -> OptionsT:
         """This backend's own options for one request, from wire fields only it reads
@@ -120,7 +154,8 @@ class Backend(Protocol[OptionsT]):
 
     def generate(
         self, request: GenerationInput, options: OptionsT, tracker: TokenTracker
-    ) -> AsyncGenerator[str | list[str] | GenerationSummary | Accepted, None]:
+    ) -> AsyncGenerator[
+        str | list[str] | ToolCallPiece | GenerationSummary | Accepted, None]:
         """Yield token texts (or lists of texts ready together), optionally then
         one summary; stop by returning.
         The caller indexes the texts (and counts them when no summary comes)."""

@@ -21,6 +21,12 @@ Two clocks make the tokens (the request's `clock`, else STREAMLAB_FAKE_CLOCK):
               every gap.
   per_stream  a timer per generation, each token its own wake-up.
 
+Offered tools (and a tool_choice that is not "none"), it answers with tool
+calls instead of text (tool_calls.py): the request's `tool_calls` of them
+(default one), each delta one decode step on the same clock as a token. After
+a tool's result (the last message's role is "tool") it answers text, unless
+tool_choice requires a call.
+
 The timing is this backend's own option: read from the request's
 `FakeModelTiming` (each unset field from STREAMLAB_FAKE_*) by `options()`, so
 the engine's backend-neutral GenerationInput carries none of it.
@@ -32,15 +38,18 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal
 
+from services.engine.backends import tool_calls
 from services.engine.backends.base import (
     BackendLoad,
     GenerationInput,
     InvalidRequest,
     StepObserver,
     TokenTracker,
+    ToolCallPiece,
 )
 from services.engine.backends.decode_clock import SLACK_S, DecodeClock
 from services.engine.settings import FakeModelDefaults
@@ -67,6 +76,7 @@ class FakeTiming:
     answer_tokens: int
     pauses: tuple[ThinkPause, ...] = ()
     clock: Clock = "batched"
+    tool_calls: int = 1  # how many calls to make when tools are offered
 
 
 @dataclass(frozen=True)
@@ -90,10 +100,24 @@ def read_timing(request: pb.GenerateRequest, defaults: FakeModelDefaults) -> Fak
         ),
         pauses=tuple(ThinkPause(p.after_token, p.pause_ms) for p in wire.pauses),
         clock=_CLOCKS.get(wire.clock, defaults.clock),
+        tool_calls=wire.tool_calls if wire.HasField("tool_calls") else 1,
     )
+    if timing.tool_calls == 0:
+        raise InvalidRequest("timing.tool_calls must be at least 1")
     if timing.answer_tokens == 0:
         raise InvalidRequest("timing.answer_tokens must be at least 1")
     return timing
+
+
+def calls_tools(request: GenerationInput) -> bool:
+    """Whether the fake model answers with tool calls: tools are offered and
+    either a call is required or the conversation does not end in a tool's
+    result (as a model answers the results of its calls in text, so a
+    client's call-then-answer loop ends)."""
+    if not request.tools:
+        return False
+    answered = bool(request.messages) and request.messages[-1].role == "tool"
+    return request.tool_required or not answered
 
 
 def token_text(index: int) -> str:
@@ -130,6 +154,7 @@ class FakeModel:
     name = "fake"
     defers_acceptance = False
     max_concurrency: int | None = None
+    calls_tools = True
 
     def __init__(self, defaults: FakeModelDefaults) -> None:
         self._defaults = defaults
@@ -153,17 +178,39 @@ class FakeModel:
 
     def generate(
         self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
-    ) -> AsyncGenerator[str | list[str], None]:
+    ) -> AsyncGenerator[str | list[str] | ToolCallPiece, None]:
+        if calls_tools(request):
+            return self._tool_calls(request, timing, tracker)
         if timing.clock == "per_stream":
             return self._own_timer(request, timing, tracker)
         return self._batched(request, timing, tracker)
 
-    async def _batched(
+    async def _tool_calls(
         self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
+    ) -> AsyncGenerator[ToolCallPiece, None]:
+        """The tool-call answer: one delta per decode step, on the timing's clock
+        (answer_tokens and max_tokens do not cut it: a call's JSON stays whole)."""
+        calls = tool_calls.plan(request.tools, request.forced_tool, timing.tool_calls,
+                                request.request_id)
+        pieces = tool_calls.deltas(calls)
+        steps = (self._own_timer(request, timing, tracker, len(pieces))
+                 if timing.clock == "per_stream"
+                 else self._batched(request, timing, tracker, len(pieces)))
+        taken = 0
+        async with aclosing(steps) as made:
+            async for step in made:
+                for _ in (step if isinstance(step, list) else (step,)):
+                    yield pieces[taken]
+                    taken += 1
+
+    async def _batched(
+        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker,
+        count: int | None = None,
     ) -> AsyncGenerator[str | list[str], None]:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        count = min(timing.answer_tokens, request.max_tokens)
+        if count is None:
+            count = min(timing.answer_tokens, request.max_tokens)
         gap_s = timing.token_gap_ms / 1000
         dues = [on_grid(start + offset, gap_s) for offset in schedule(timing, count)]
         # Prefill: the generation takes its seat at the step after it.
@@ -177,10 +224,12 @@ class FakeModel:
                 yield texts[0] if len(texts) == 1 else texts
 
     async def _own_timer(
-        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker
+        self, request: GenerationInput, timing: FakeTiming, tracker: TokenTracker,
+        count: int | None = None,
     ) -> AsyncGenerator[str, None]:
         start = time.monotonic()
-        count = min(timing.answer_tokens, request.max_tokens)
+        if count is None:
+            count = min(timing.answer_tokens, request.max_tokens)
         for index, offset in enumerate(schedule(timing, count)):
             delay = start + offset - time.monotonic()
             # A cancel lands here (CancelledError out of sleep): the next decode
@@ -192,6 +241,8 @@ class FakeModel:
     def finished_by_length(
         self, request: GenerationInput, timing: FakeTiming, produced: int
     ) -> bool:
+        if calls_tools(request):
+            return False  # a tool-call answer is never cut (see _tool_calls)
         return timing.answer_tokens > request.max_tokens and produced >= request.max_tokens
 
     def load(self) -> BackendLoad:

@@ -557,6 +557,7 @@ class HFModel:
     name = "hf"
     # Accepted at once: a queue wait or a prefill is silence the gateway covers with pings.
     defers_acceptance = False
+    calls_tools = False  # no chat template with tools here: a request offering some is refused
 
     def __init__(self, settings: HFSettings) -> None:
         self._settings = settings

@@ -167,6 +167,7 @@ class OpenAIUpstream:
     # The engine accepts when the upstream does: its 4xx/5xx become the gateway's.
     defers_acceptance = True
     max_concurrency: int | None = None  # the upstream schedules (vLLM batches)
+    calls_tools = False  # tools are not forwarded upstream: refused rather than dropped
 
     def __init__(self, settings: OpenAIUpstreamSettings,
                  fake_defaults: FakeModelDefaults) -> None:

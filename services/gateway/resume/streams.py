@@ -176,7 +176,7 @@ class ResumableStream:
             async for event in self._lease.events():
                 if isinstance(event, pb.TokenChunk):
                     self._append("token", {"index": event.index, "text": event.text})
-                else:
+                elif isinstance(event, pb.Finish):  # tool calls: refused on this surface
                     self._end(GenerationState.COMPLETED, "done", {
                         "finish_reason": FINISH_REASONS.get(event.reason, "stop"),
                         "usage": usage_dict(event.usage)})

@@ -24,55 +24,63 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xfb\x01\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClockB\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokens\"\xd9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x12\x12\n\ndetachable\x18\t \x01(\x08\x42\t\n\x07_timingB\x0b\n\t_sampling\"k\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf2\x01\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xc2\x03\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\x12\x1c\n\x14generations_orphaned\x18\x0b \x01(\x04\x12\x1e\n\x16generations_reattached\x18\x0c \x01(\x04\x12\"\n\x1agenerations_orphan_expired\x18\r \x01(\x04\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\x8d\x03\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponse\x12]\n\x06\x41ttach\x12&.streamlab.api.engine.v1.AttachRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12Y\n\x06\x43\x61ncel\x12&.streamlab.api.engine.v1.CancelRequest\x1a\'.streamlab.api.engine.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xa3\x02\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClock\x12\x17\n\ntool_calls\x18\x06 \x01(\rH\x03\x88\x01\x01\x42\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokensB\r\n\x0b_tool_calls\"\xc1\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x12\x12\n\ndetachable\x18\t \x01(\x08\x12,\n\x05tools\x18\n \x03(\x0b\x32\x1d.streamlab.api.engine.v1.Tool\x12\x38\n\x0btool_choice\x18\x0b \x01(\x0b\x32#.streamlab.api.engine.v1.ToolChoiceB\t\n\x07_timingB\x0b\n\t_sampling\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"U\n\nToolChoice\x12\x35\n\x04mode\x18\x01 \x01(\x0e\x32\'.streamlab.api.engine.v1.ToolChoiceMode\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"k\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xaf\x02\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x12;\n\ttool_call\x18\x05 \x01(\x0b\x32&.streamlab.api.engine.v1.ToolCallDeltaH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xc2\x03\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\x12\x1c\n\x14generations_orphaned\x18\x0b \x01(\x04\x12\x1e\n\x16generations_reattached\x18\x0c \x01(\x04\x12\"\n\x1agenerations_orphan_expired\x18\r \x01(\x04\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*\xa6\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n\x19TOOL_CHOICE_MODE_FUNCTION\x10\x04*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\x8d\x03\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponse\x12]\n\x06\x41ttach\x12&.streamlab.api.engine.v1.AttachRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12Y\n\x06\x43\x61ncel\x12&.streamlab.api.engine.v1.CancelRequest\x1a\'.streamlab.api.engine.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamlab_protocol.engine.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAKECLOCK']._serialized_start=2715
-  _globals['_FAKECLOCK']._serialized_end=2805
-  _globals['_FINISHREASON']._serialized_start=2807
-  _globals['_FINISHREASON']._serialized_end=2902
-  _globals['_GENERATIONSTATE']._serialized_start=2905
-  _globals['_GENERATIONSTATE']._serialized_end=3079
+  _globals['_FAKECLOCK']._serialized_start=3152
+  _globals['_FAKECLOCK']._serialized_end=3242
+  _globals['_TOOLCHOICEMODE']._serialized_start=3245
+  _globals['_TOOLCHOICEMODE']._serialized_end=3411
+  _globals['_FINISHREASON']._serialized_start=3413
+  _globals['_FINISHREASON']._serialized_end=3538
+  _globals['_GENERATIONSTATE']._serialized_start=3541
+  _globals['_GENERATIONSTATE']._serialized_end=3715
   _globals['_CHATMESSAGE']._serialized_start=70
   _globals['_CHATMESSAGE']._serialized_end=114
   _globals['_THINKPAUSE']._serialized_start=116
   _globals['_THINKPAUSE']._serialized_end=167
   _globals['_FAKEMODELTIMING']._serialized_start=170
-  _globals['_FAKEMODELTIMING']._serialized_end=421
-  _globals['_GENERATEREQUEST']._serialized_start=424
-  _globals['_GENERATEREQUEST']._serialized_end=769
-  _globals['_ATTACHREQUEST']._serialized_start=771
-  _globals['_ATTACHREQUEST']._serialized_end=878
-  _globals['_CANCELREQUEST']._serialized_start=880
-  _globals['_CANCELREQUEST']._serialized_end=915
-  _globals['_CANCELRESPONSE']._serialized_start=917
-  _globals['_CANCELRESPONSE']._serialized_end=952
-  _globals['_SAMPLINGOPTIONS']._serialized_start=955
-  _globals['_SAMPLINGOPTIONS']._serialized_end=1178
-  _globals['_TOKENCHUNK']._serialized_start=1180
-  _globals['_TOKENCHUNK']._serialized_end=1221
-  _globals['_TOKENBATCH']._serialized_start=1223
-  _globals['_TOKENBATCH']._serialized_end=1288
-  _globals['_USAGE']._serialized_start=1290
-  _globals['_USAGE']._serialized_end=1347
-  _globals['_FINISH']._serialized_start=1349
-  _globals['_FINISH']._serialized_end=1459
-  _globals['_STREAMERROR']._serialized_start=1461
-  _globals['_STREAMERROR']._serialized_end=1505
-  _globals['_GENERATERESPONSE']._serialized_start=1508
-  _globals['_GENERATERESPONSE']._serialized_end=1750
-  _globals['_GETSTATSREQUEST']._serialized_start=1752
-  _globals['_GETSTATSREQUEST']._serialized_end=1789
-  _globals['_GENERATIONRECORD']._serialized_start=1792
-  _globals['_GENERATIONRECORD']._serialized_end=2062
-  _globals['_GETSTATSRESPONSE']._serialized_start=2065
-  _globals['_GETSTATSRESPONSE']._serialized_end=2515
-  _globals['_ENGINELOAD']._serialized_start=2518
-  _globals['_ENGINELOAD']._serialized_end=2713
-  _globals['_ENGINESERVICE']._serialized_start=3082
-  _globals['_ENGINESERVICE']._serialized_end=3479
+  _globals['_FAKEMODELTIMING']._serialized_end=461
+  _globals['_GENERATEREQUEST']._serialized_start=464
+  _globals['_GENERATEREQUEST']._serialized_end=913
+  _globals['_TOOL']._serialized_start=915
+  _globals['_TOOL']._serialized_end=981
+  _globals['_TOOLCHOICE']._serialized_start=983
+  _globals['_TOOLCHOICE']._serialized_end=1068
+  _globals['_ATTACHREQUEST']._serialized_start=1070
+  _globals['_ATTACHREQUEST']._serialized_end=1177
+  _globals['_CANCELREQUEST']._serialized_start=1179
+  _globals['_CANCELREQUEST']._serialized_end=1214
+  _globals['_CANCELRESPONSE']._serialized_start=1216
+  _globals['_CANCELRESPONSE']._serialized_end=1251
+  _globals['_SAMPLINGOPTIONS']._serialized_start=1254
+  _globals['_SAMPLINGOPTIONS']._serialized_end=1477
+  _globals['_TOKENCHUNK']._serialized_start=1479
+  _globals['_TOKENCHUNK']._serialized_end=1520
+  _globals['_TOKENBATCH']._serialized_start=1522
+  _globals['_TOKENBATCH']._serialized_end=1587
+  _globals['_USAGE']._serialized_start=1589
+  _globals['_USAGE']._serialized_end=1646
+  _globals['_FINISH']._serialized_start=1648
+  _globals['_FINISH']._serialized_end=1758
+  _globals['_STREAMERROR']._serialized_start=1760
+  _globals['_STREAMERROR']._serialized_end=1804
+  _globals['_TOOLCALLDELTA']._serialized_start=1806
+  _globals['_TOOLCALLDELTA']._serialized_end=1881
+  _globals['_GENERATERESPONSE']._serialized_start=1884
+  _globals['_GENERATERESPONSE']._serialized_end=2187
+  _globals['_GETSTATSREQUEST']._serialized_start=2189
+  _globals['_GETSTATSREQUEST']._serialized_end=2226
+  _globals['_GENERATIONRECORD']._serialized_start=2229
+  _globals['_GENERATIONRECORD']._serialized_end=2499
+  _globals['_GETSTATSRESPONSE']._serialized_start=2502
+  _globals['_GETSTATSRESPONSE']._serialized_end=2952
+  _globals['_ENGINELOAD']._serialized_start=2955
+  _globals['_ENGINELOAD']._serialized_end=3150
+  _globals['_ENGINESERVICE']._serialized_start=3718
+  _globals['_ENGINESERVICE']._serialized_end=4115
 # @@protoc_insertion_point(module_scope)

@@ -128,6 +128,7 @@ async def test_the_fake_model_on_the_batched_clock_says_the_same_text_as_on_its_
         counter = Counter()
         out: list[str] = []
         async for item in model.generate(request, timing, counter):
+            assert isinstance(item, str | list)  # no tools offered: text only
             out += item if isinstance(item, list) else [item]
         texts[clock] = out
         assert counter.made == 7

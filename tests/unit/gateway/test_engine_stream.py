@@ -119,7 +119,7 @@ async def test_a_cancel_with_a_reason_still_names_it() -> None:
 
 
 async def _slowly(stream: EngineStream, hold_s: float
-                  ) -> AsyncIterator[pb.TokenChunk | pb.Finish]:
+                  ) -> AsyncIterator[pb.TokenChunk | pb.ToolCallDelta | pb.Finish]:
     async for event in stream:
         await asyncio.sleep(hold_s)
         yield event

@@ -85,6 +85,8 @@ class Floor:
                     writer.write(_chunk(head + b'{},"finish_reason":"stop"}]}\n\n'
                                         + b"data: [DONE]\n\n") + b"0\r\n\r\n")
                     return
+                if not isinstance(event, pb.TokenChunk):  # tool calls: never asked for
+                    continue
                 text = json.dumps(event.text, ensure_ascii=False).encode()
                 writer.write(_chunk(head + b'{"content":' + text
                                     + b'},"finish_reason":null}]}\n\n'))
