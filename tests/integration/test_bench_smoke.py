@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from streamlab.experiments.bench.tables import relay_rows, target_rows, transport_rows
+
 from streamlab.lab.local import Lab
 from streamlab.lab.topology import REPO_ROOT
 
