@@ -62,7 +62,7 @@ def verdict_table(report: Report, with_figures: bool = True) -> RichTable:
         judged = {r.check.figure for r in report.checks}
         for name, value in report.figures.items():
             if name not in judged:
-                out.add_row(name.replace("_", " "), cell(value), "", "")
+                out.add_row(name, cell(value), "", "")
     return out
 
 

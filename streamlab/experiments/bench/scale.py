@@ -232,6 +232,13 @@ def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                     gone += 1
             if gone == len(clocks):
                 break
+    return cadence_report(cells, broken, tokens, step_ms, sweep, clocks, entry)
+
+
+def cadence_report(cells: list[ScaleCell], broken: dict[str, int], tokens: int, step_ms: int,
+                   sweep: tuple[int, ...], clocks: tuple[str, ...], entry: str) -> Report:
+    """The sweep's cells (a part and a row each) and each clock's break point (the
+    first N off cadence, in `broken`)."""
     figures: Figures = {"tokens": tokens, "step_ms": step_ms,
                         "sweep": ",".join(str(n) for n in sweep), "entry": entry,
                         "target_icl_p99_ms": TARGET_ICL_P99_MS,

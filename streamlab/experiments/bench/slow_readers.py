@@ -149,9 +149,12 @@ SAMPLE_COLUMNS = ("relay", "s", "gateway RSS MiB", "tokens generated")
 def compare(lab: LabTarget, clients: int, answer_tokens: int, timeout_s: float = 240.0,
             on_sample: Callable[[ReadersRun], None] = lambda run: None) -> Report:
     """Both relays, one after the other: a part and a row each, their samples (a
-    table, for the plot) and how much more the detached one cost."""
-    runs = [measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
-            for relay in RELAYS]
+    table, for the plot) and how much more the detached one cost (readers_report)."""
+    return readers_report([measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
+                           for relay in RELAYS], clients, answer_tokens)
+
+
+def readers_report(runs: list[ReadersRun], clients: int, answer_tokens: int) -> Report:
     direct, detached = runs
     figures: Figures = {
         "clients": clients, "answer_tokens": answer_tokens,
