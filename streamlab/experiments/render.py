@@ -45,7 +45,7 @@ def _heading(report: Report) -> str:
 def table_of(table: Table) -> RichTable:
     out = RichTable(title=table.title, caption=table.caption or None)
     for i, column in enumerate(table.columns):
-        out.add_column(column, justify="left" if i == 0 else "right", no_wrap=i > 0)
+        out.add_column(column, justify="left" if i == 0 else "right")
     for row in table.rows:
         out.add_row(*(cell(v) for v in row))
     return out
@@ -67,14 +67,16 @@ def verdict_table(report: Report, with_figures: bool = True) -> RichTable:
 
 
 def tables(report: Report) -> list[RichTable]:
-    """Everything a terminal shows of `report`, in order."""
-    out = [verdict_table(report, with_figures=True)]
+    """Everything a terminal shows of `report`, in order (a report that only
+    gathers parts, with nothing of its own to show, shows just its parts)."""
+    verdict = verdict_table(report, with_figures=True)
+    for artifact in report.artifacts:
+        verdict.add_row(f"{artifact.kind}: {artifact.title}", artifact.path, "", "")
+    out = [verdict] if verdict.row_count or report.status != "ran" else []
     out += [table_of(t) for t in report.tables]
     if not report.tables:
         for part in report.parts:
             out += tables(part)
-    for artifact in report.artifacts:
-        out[0].add_row(f"{artifact.kind}: {artifact.title}", artifact.path, "", "")
     return out
 
 

@@ -174,10 +174,11 @@ def plot_scale(report: Report, path: Path) -> None:
     cadence.set_ylim(bottom=0)
     cadence.legend(fontsize=8)
 
-    labels = [f"{c}\n{n}" for c, n in zip(clock_of, streams, strict=True)]
+    # Each cell's part holds its CPU per token per process.
+    labels = [f"{p.figures['clock']}\n{p.figures['streams']}" for p in report.parts]
     bottom = [0.0] * len(labels)
     for colour, name in zip(LANE_COLOURS[1:], SCALE_PROCESSES, strict=False):
-        values = [number(v) for v in column(cells, f"µs/token: {name}")]
+        values = [number(p.figures.get(f"us_per_token_{name}")) for p in report.parts]
         cpu.bar(labels, values, bottom=bottom, color=colour, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     cpu.set(ylabel="µs of CPU per token", title="Where a token's CPU goes (per process)")

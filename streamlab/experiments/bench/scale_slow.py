@@ -42,7 +42,7 @@ HEARTBEAT_S = 5.0
 # The cell's bounds: a slow stream's memory in the gateway, heartbeat lateness, and
 # the open-file limit per process on this lab (a stream holds a socket in each hop).
 TARGET_RSS_KIB_PER_STREAM = 30.0
-TARGET_HEARTBEAT_LATE_P99_MS = 1000.0
+TARGET_HEARTBEAT_LATE_P99_MS = 1000
 FD_LIMIT = 20_000
 
 
