@@ -12,8 +12,7 @@ from rich.progress import Progress
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, attached
 from streamlab.experiments.render import show
-from streamlab.experiments.soak import self_test as soak_self_test
-from streamlab.experiments.soak import soak, soak_broken
+from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN
 
 app = typer.Typer()
@@ -56,18 +55,11 @@ def soak_command(
         console.print("[red]The soak reads the gateway's RSS by pid: a local lab only "
                       "(STREAMLAB_TARGET=local).[/]")
         raise typer.Exit(1)
-    thing = BROKEN[broken] if broken else None
     with Progress(console=console, transient=True, disable=as_json or self_test) as progress:
         task = progress.add_task(f"soaking{f' ({broken})' if broken else ''}", total=streams)
-        if self_test:
-            report = asyncio.run(soak_self_test(lab, streams, concurrency, duration,
-                                                engine_kills, seed, toxics))
-        elif thing is not None:
-            report = asyncio.run(soak_broken(lab, thing.name, streams, concurrency, duration,
-                                             seed, toxics, lambda: progress.advance(task)))
-        else:
-            report = asyncio.run(soak(lab, streams, concurrency, duration, engine_kills, seed,
-                                      toxics, progress=lambda: progress.advance(task)))
+        report = asyncio.run(soak_as_asked(lab, broken, self_test, streams, concurrency,
+                                           duration, engine_kills, seed, toxics,
+                                           lambda: progress.advance(task)))
     show(report, console, as_json=as_json)
     # A broken run's verdict is to fail; it exits 1 all the same, so a script sees it.
     raise typer.Exit(0 if report.as_expected else 1)

@@ -19,13 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from streamlab.experiments.report import Artifact, Figure, Report, Table
 
 
 def cell(value: Figure) -> str:
-    """One figure as text: '-' for nothing measured, few digits for small numbers."""
+    """One figure as plain text: '-' for nothing measured, few digits for small numbers."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, bool):
@@ -37,32 +38,37 @@ def cell(value: Figure) -> str:
     return value
 
 
+def _shown(value: Figure | str) -> str:
+    """As a rich table shows it: measured words ("connect: [Errno 111]") are not markup."""
+    return escape(value if isinstance(value, str) else cell(value))
+
+
 def _heading(report: Report) -> str:
     head = report.experiment + (f" [{report.variant}]" if report.variant else "")
     return f"{head}: {report.verdict}" + (f" ({report.reason})" if report.reason else "")
 
 
 def table_of(table: Table) -> RichTable:
-    out = RichTable(title=table.title, caption=table.caption or None)
+    out = RichTable(title=escape(table.title), caption=escape(table.caption) or None)
     for i, column in enumerate(table.columns):
         out.add_column(column, justify="left" if i == 0 else "right")
     for row in table.rows:
-        out.add_row(*(cell(v) for v in row))
+        out.add_row(*(_shown(cell(v)) for v in row))
     return out
 
 
 def verdict_table(report: Report, with_figures: bool = True) -> RichTable:
     """The report's checks (measured, target, met) and, with `with_figures`, its figures."""
-    out = RichTable("check", "measured", "met", "why", title=_heading(report),
-                    caption=report.story or None)
+    out = RichTable("check", "measured", "met", "why", title=escape(_heading(report)),
+                    caption=escape(report.story) or None)
     for result in report.checks:
-        out.add_row(result.description, cell(result.measured),
-                    "[green]yes[/]" if result.holds else "[red]NO[/]", result.check.why)
+        out.add_row(_shown(result.description), _shown(result.measured),
+                    "[green]yes[/]" if result.holds else "[red]NO[/]", _shown(result.check.why))
     if with_figures:
         judged = {r.check.figure for r in report.checks}
         for name, value in report.figures.items():
             if name not in judged:
-                out.add_row(name, cell(value), "", "")
+                out.add_row(_shown(name), _shown(value), "", "")
     return out
 
 
@@ -71,7 +77,8 @@ def tables(report: Report) -> list[RichTable]:
     gathers parts, with nothing of its own to show, shows just its parts)."""
     verdict = verdict_table(report, with_figures=True)
     for artifact in report.artifacts:
-        verdict.add_row(f"{artifact.kind}: {artifact.title}", artifact.path, "", "")
+        verdict.add_row(_shown(f"{artifact.kind}: {artifact.title}"), _shown(artifact.path), "",
+                        "")
     out = [verdict] if verdict.row_count or report.status != "ran" else []
     out += [table_of(t) for t in report.tables]
     if not report.tables:

@@ -600,3 +600,18 @@ async def self_test(lab: LabTarget, streams: int = 200, concurrency: int = 20,
         for thing in SELF_TEST]
     parts.append(await soak(lab, streams, concurrency, duration_s, engine_kills, seed, toxics))
     return self_test_report(parts)
+
+
+async def soak_as_asked(lab: LabTarget, broken: str | None = None, all_broken: bool = False,
+                        streams: int = 200, concurrency: int = 20, duration_s: float = 60.0,
+                        engine_kills: int = 2, seed: int = 7, toxics: bool = True,
+                        progress: Callable[[], None] | None = None) -> Report:
+    """`streamlab soak`: the self-test (`all_broken`), the soak against one
+    `broken` thing, or the soak against the lab as it is."""
+    if all_broken:
+        return await self_test(lab, streams, concurrency, duration_s, engine_kills, seed, toxics)
+    if broken is not None:
+        return await soak_broken(lab, broken, streams, concurrency, duration_s, seed, toxics,
+                                 progress)
+    return await soak(lab, streams, concurrency, duration_s, engine_kills, seed, toxics,
+                      progress=progress)

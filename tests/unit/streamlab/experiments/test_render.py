@@ -14,7 +14,8 @@ from streamlab.experiments.report import Check, Figures, Report, Table, judge
 
 
 def report(with_table: bool) -> Report:
-    figures: Figures = {"ttft_ms": 4.5, "streams": 12_000, "note": "quiet machine", "missing": None}
+    figures: Figures = {"ttft_ms": 4.5, "streams": 12_000, "note": "quiet machine", "missing": None,
+                        "errors": "connect: [refused] 2"}
     checks = judge((Check("ttft_ms", "<=", 3.0, "adds little"), Check("streams", ">", 0)),
                    figures)
     table = Table("cells", ("path", "ms"), (("grpc", 1.25), ("chain", None)), caption="c")
@@ -36,6 +37,7 @@ def test_the_terminal_shows_checks_measured_and_met_then_the_tables() -> None:
     assert "4.5" in text
     assert "NO" in text
     assert "12,000" in text  # an unjudged figure, in the verdict table
+    assert "connect: [refused] 2" in text  # a measured word is not markup
     assert "chain" in text
     assert "part_figure" not in text
     assert "part_figure" in shown(report(with_table=False))
