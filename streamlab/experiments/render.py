@@ -26,15 +26,20 @@ from streamlab.experiments.report import Artifact, Figure, Report, Table
 
 
 def cell(value: Figure) -> str:
-    """One figure as plain text: '-' for nothing measured, few digits for small numbers."""
+    """One figure as plain text: '-' for nothing measured, a whole number without
+    decimals, few digits for small numbers, thousands separated from 10,000."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        if abs(value) >= 10_000:
+            return f"{value:,.0f}"
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return value
 
 

@@ -176,8 +176,8 @@ def report(run: SoakRun, knobs: Mapping[str, object], lab_fault: str = "",
     values = figures(run)
     values["knobs"] = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
     values["lab_fault"] = lab_fault
-    return Report("soak", variant, story="clients of every behaviour while toxics come and "
-                  "go and the engine is killed", figures=values, checks=judge(CHECKS, values))
+    return Report("soak", variant, story="clients of every behaviour against the lab, with "
+                  "the faults asked for", figures=values, checks=judge(CHECKS, values))
 
 
 def failed(soak: Report) -> list[str]:

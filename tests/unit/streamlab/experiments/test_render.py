@@ -55,7 +55,7 @@ def test_markdown_is_each_table() -> None:
 
 
 @pytest.mark.parametrize(("value", "text"), [
-    (None, "-"), (float("nan"), "-"), (True, "yes"), (0.01234, "0.0123"), (1234.56, "1,234.6"),
-    (12, "12"), (123_456, "123,456"), ("word", "word")])
+    (None, "-"), (float("nan"), "-"), (True, "yes"), (0.01234, "0.0123"), (1234.56, "1234.6"),
+    (12.0, "12"), (12_345.6, "12,346"), (12, "12"), (123_456, "123,456"), ("word", "word")])
 def test_a_figure_as_text(value: float | int | bool | str | None, text: str) -> None:
     assert render.cell(value) == text
