@@ -39,7 +39,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -435,8 +435,8 @@ class _Soaker:
             await asyncio.sleep(min(2.0, float(result.retry_after_s or 1)))
         return result
 
-    async def _retrying(self, post: Callable[[], Any]) -> httpx.Response:
-        response: httpx.Response = await post()
+    async def _retrying(self, post: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        response = await post()
         for _ in range(3):
             if response.status_code not in (429, 502, 503):
                 break

@@ -31,9 +31,10 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import grpc
 import torch
@@ -276,8 +277,9 @@ async def _cancels(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, ba
         memory_after=memory_after)
 
 
-async def _count(call: Any, counts: list[int], enough: list[asyncio.Event],
-                 ticks: list[asyncio.Event], index: int, after: int) -> None:
+async def _count(call: AsyncIterator[pb.GenerateResponse], counts: list[int],
+                 enough: list[asyncio.Event], ticks: list[asyncio.Event], index: int,
+                 after: int) -> None:
     async for response in call:
         if response.HasField("token"):
             counts[index] += 1
