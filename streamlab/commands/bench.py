@@ -4,23 +4,18 @@ cancellation on a running lab."""
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.experiments.bench.tables import (
-    TRANSPORT_COLUMNS,
-    markdown,
-    transport_rows,
-    transports_table,
-)
+from streamlab.experiments import render
 from streamlab.experiments.bench.transports import BENCH_TIMING, run_transports, transport_names
+from streamlab.experiments.report import Report
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
 console = Console()
@@ -33,19 +28,16 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=err, transient=True)
 
 
-def _plot_then_json(report: dict[str, Any], plot: Path | None, plotter: str,
-                    as_json: bool) -> bool:
-    """Write the report's plot when asked (with streamlab.experiments.bench.plot's `plotter`;
-    imported late, matplotlib is slow to load), then print it as JSON when asked.
-    True when JSON was the output."""
+def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
+            plot: Path | None = None) -> Report:
+    """Every bench ends here: its plot written when asked (listed among the report's
+    artifacts), then the report printed as JSON, Markdown or tables."""
     if plot is not None:
-        from streamlab.experiments.bench import plot as plots
-
-        getattr(plots, plotter)(report, plot)
-        err.print(f"plot written to {plot}")
-    if as_json:
-        print(json.dumps(report, indent=2))
-    return as_json
+        report = render.plot(report, plot)
+        for artifact in report.artifacts:
+            err.print(f"plot written to {artifact.path}")
+    render.show(report, console, as_json=as_json, as_markdown=as_markdown)
+    return report
 
 
 @app.command()
@@ -77,14 +69,8 @@ def transports(
             progress.update(task, description=label)
             progress.advance(task)
 
-        report = run_transports(lab, timing, repetitions, intervals_ms, gzip,
-                                on_run).as_json()
-    if _plot_then_json(report, plot, "plot_transports", as_json):
-        return
-    if as_markdown:
-        print(markdown(TRANSPORT_COLUMNS, transport_rows(report, markup=False)))
-        return
-    console.print(transports_table(report))
+        report = run_transports(lab, timing, repetitions, intervals_ms, gzip, on_run)
+    _render(report, as_json=as_json, as_markdown=as_markdown, plot=plot)
 
 
 @app.command()
@@ -108,49 +94,23 @@ def relay(
                            ] = False,
 ) -> None:
     """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
-    from streamlab.experiments.bench.relay import (
-        lab_paths,
-        reference_servers,
-        relay_steps,
-        run_relay,
-    )
-    from streamlab.experiments.bench.tables import (
-        RELAY_COLUMNS,
-        TARGET_COLUMNS,
-        plain_table,
-        relay_rows,
-        target_rows,
-    )
+    from streamlab.experiments.bench.relay import bench_relay
 
     lab = attached(run_dir)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
-    with reference_servers(lab.engine_hop, run_dir / "logs") as refs:
-        paths, pids = lab_paths(lab, refs)
-        chain = next(p for p in paths if p.name == "full chain")
-        if only:
-            wanted = {name.strip() for name in only.split(",")}
-            paths = [p for p in paths if p.name in wanted]
-        load = (chain, load_streams, load_gap_ms, load_tokens) if load_streams else None
-        with _progress() as progress:
-            task = progress.add_task("starting",
-                                     total=relay_steps(paths, levels, streams_c1, load))
+    wanted = {name.strip() for name in only.split(",") if name.strip()}
+    with _progress() as progress:
+        task = progress.add_task("starting", total=None)
 
-            def on_cell(label: str) -> None:
-                progress.update(task, description=label)
-                progress.advance(task)
+        def on_cell(label: str) -> None:
+            progress.update(task, description=label)
+            progress.advance(task)
 
-            report = run_relay(paths, pids, timing, levels, streams_c1, load, on_cell).as_json()
-    if as_json:
-        print(json.dumps(report, indent=2))
-        return
-    rows, verdicts = relay_rows(report), target_rows(report)
-    if as_markdown:
-        print(markdown(RELAY_COLUMNS, rows) + "\n\n" + markdown(TARGET_COLUMNS, verdicts))
-        return
-    console.print(plain_table(f"Relay overhead · {tokens} tokens, {gap_ms} ms apart · times in "
-                              "ms", RELAY_COLUMNS, rows))
-    console.print(plain_table("Targets", TARGET_COLUMNS, verdicts))
+        report = bench_relay(lab, run_dir / "logs", timing, levels, streams_c1,
+                             (load_streams, load_gap_ms, load_tokens) if load_streams else None,
+                             wanted, lambda steps: progress.update(task, total=steps), on_cell)
+    _render(report, as_json=as_json, as_markdown=as_markdown)
 
 
 @app.command("slow-readers")
@@ -168,8 +128,6 @@ def slow_readers(
                     ] = None,
 ) -> None:
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
-    from rich.table import Table
-
     from streamlab.experiments.bench.slow_readers import ReadersRefused, ReadersRun, compare
 
     lab = attached(run_dir)
@@ -188,21 +146,7 @@ def slow_readers(
         except ReadersRefused as exc:
             err.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
-    if _plot_then_json(report, plot, "plot_slow_readers", as_json):
-        return
-    table = Table(title=f"{clients} silent readers, {tokens} tokens asked each")
-    for column in ("relay", "gateway RSS", "peak growth", "tokens generated", "of all asked",
-                   "engine states", "took"):
-        table.add_column(column)
-    for run in report["runs"]:
-        table.add_row(run["relay"], f"{run['base_rss_mb']:.0f} → {run['peak_rss_mb']:.0f} MiB",
-                      f"+{run['growth_mb']:.1f} MiB", f"{run['tokens_generated']:,}",
-                      f"{run['share_generated']:.0%}",
-                      ", ".join(f"{k} {v}" for k, v in sorted(run["states"].items())),
-                      f"{run['seconds']:.0f} s" + (" (timed out)" if run["timed_out"] else ""))
-    console.print(table)
-    console.print(f"detached / direct: {report['growth_ratio']}x the memory, "
-                  f"{report['tokens_ratio']}x the tokens")
+    _render(report, as_json=as_json, plot=plot)
 
 
 @app.command()
@@ -221,46 +165,21 @@ def cancel(
     fast the engine saw each cancel (p50/p99) and how many tokens it wasted.
     Exits 1 unless every stream was cancelled and none is left running (and,
     with --background, every background stream completed)."""
-    import contextlib
-
-    from rich.table import Table
-
-    from streamlab.experiments.bench.cancel import abandon_streams, abandon_under_load
-    from streamlab.experiments.bench.scale import lab_settings
+    from streamlab.experiments.bench.cancel import bench_cancel
 
     lab = attached(run_dir)
     if background and lab.pids is None:
         err.print("[red]--background raises the caps by restarting the engine and the "
                   "gateway: local labs only (`streamlab up`).[/]")
         raise typer.Exit(2)
-    url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
-    with contextlib.ExitStack() as stack:
-        if background:  # caps raised for them (the engine restarted on its own clock)
-            use_clock = stack.enter_context(lab_settings(lab, background + concurrency))
-            use_clock(lab.options.engine_env.get("STREAMLAB_FAKE_CLOCK", "batched"))
-        progress = stack.enter_context(_progress())
+    with _progress() as progress:
         task = progress.add_task(
             f"abandoning streams{f' beside {background} running' if background else ''}",
             total=streams)
-        if background:
-            report = asyncio.run(abandon_under_load(
-                url, lab.engine_stats, lab.ports.host, lab.ports.edge_port, background,
-                streams=streams, concurrency=concurrency, gap_ms=gap_ms,
-                progress=lambda: progress.advance(task)))
-        else:
-            report = asyncio.run(abandon_streams(
-                url, lab.engine_stats, streams=streams, concurrency=concurrency, gap_ms=gap_ms,
-                progress=lambda: progress.advance(task)))
-    figures = report.figures()
-    if as_json:
-        print(json.dumps(figures, indent=2))
-    else:
-        table = Table("figure", "value", title=f"{streams} abandoned streams, gap {gap_ms} ms")
-        for key, value in figures.items():
-            table.add_row(key.replace("_", " "), str(value))
-        console.print(table)
-    if not report.passed or (report.background is not None
-                             and report.background["completed"] != background):
+        report = bench_cancel(lab, location=location, streams=streams, concurrency=concurrency,
+                              gap_ms=gap_ms, background=background,
+                              progress=lambda: progress.advance(task))
+    if not _render(report, as_json=as_json).as_expected:
         raise typer.Exit(1)
 
 
@@ -282,15 +201,7 @@ def gpu(
     Exits 1 if a cancel let more than one token through or memory did not come back."""
     from typing import cast
 
-    from rich.table import Table
-
-    from streamlab.experiments.bench.gpu import (
-        COLUMNS,
-        DType,
-        GpuBenchOptions,
-        run_gpu_bench,
-        table_rows,
-    )
+    from streamlab.experiments.bench.gpu import DType, GpuBenchOptions, run_gpu_bench
 
     dtypes = {"auto", "bfloat16", "float16", "float32"}
     if dtype not in dtypes:
@@ -299,18 +210,10 @@ def gpu(
         model=model or None, size=size, device=device, dtype=cast(DType, dtype),
         batches=tuple(int(b) for b in batches.split(",")), max_tokens=max_tokens,
         cancel_after=cancel_after, cpu_threads=cpu_threads)
-    report = asyncio.run(run_gpu_bench(options))
-    if as_json:
-        print(json.dumps(report.figures(), indent=2))
-    else:
-        table = Table(*COLUMNS, title=f"{report.model} ({report.parameters / 1e6:.2f} M "
-                                      f"parameters) on {report.device}, dtype {report.dtype}")
-        for row in table_rows(report):
-            table.add_row(*row)
-        console.print(table)
+    report = _render(asyncio.run(run_gpu_bench(options)), as_json=as_json)
     for failure in report.failures:
-        err.print(f"FAIL {failure}")
-    if not report.passed:
+        err.print(f"FAIL {failure.description} (measured {failure.measured})")
+    if not report.as_expected:
         raise typer.Exit(1)
 
 
@@ -343,15 +246,14 @@ def scale(
     the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
     heartbeat lateness, open files per process."""
-    from streamlab.experiments.bench.scale import ScaleCell, run_scale
-    from streamlab.experiments.bench.tables import SCALE_COLUMNS, plain_table, scale_rows
+    from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
 
     lab = attached(run_dir)
     if lab.pids is None:
         err.print("[red]Reads each process's CPU and restarts the engine: local labs only.[/]")
         raise typer.Exit(1)
-    counts = tuple(int(x) for x in sweep.split(",") if x.strip())
-    names = tuple(c.strip() for c in clocks.split(",") if c.strip())
+    if entry not in ENTRIES:
+        raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
 
     def on_cell(cell: ScaleCell) -> None:
         icl = cell.load.icl_ms
@@ -359,40 +261,14 @@ def scale(
                   f"{icl.get('p50')} p99 {icl.get('p99')} ms, {cell.load.completed}/"
                   f"{cell.streams} complete, load {cell.loadavg[0]:.1f}")
 
-    if entry not in ("edge", "nginx", "gateway"):
-        raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
-    report: dict[str, Any] = ({} if skip_cadence else
-                              run_scale(lab, counts, tokens, step_ms, names, on_cell,
-                                        entry=entry))
-    if slow_streams:
-        from streamlab.experiments.bench.scale_slow import run_slow
-
-        err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} tokens each ...")
-        report["slow"] = run_slow(lab, slow_streams, slow_tokens)
-    if plot is not None:
-        from streamlab.experiments.bench import plot as plots
-
-        target = plot / "scale.png" if plot.suffix != ".png" else plot
-        if "cells" in report:
-            plots.plot_scale(report, target)
-            err.print(f"plot written to {target}")
-        if "slow" in report:
-            slow_target = target.with_name("scale-slow.png")
-            plots.plot_slow(report["slow"], slow_target)
-            err.print(f"plot written to {slow_target}")
-    if as_json:
-        print(json.dumps(report, indent=2))
-        return
-    if "cells" in report:
-        console.print(plain_table(f"Scale · {tokens} tokens per stream at a {step_ms} ms step,"
-                                  f" entering at {entry} · ms and µs/token", SCALE_COLUMNS,
-                                  scale_rows(report)))
-        console.print(f"break points (inter-chunk p99 > 30 ms): {report['break_points']}")
-    if "slow" in report:
-        from streamlab.experiments.bench.tables import SLOW_COLUMNS, slow_rows
-
-        console.print(plain_table(f"Scale · cell c: {slow_streams} slow streams through the "
-                                  "full chain", SLOW_COLUMNS, slow_rows(report["slow"])))
+    report = bench_scale(
+        lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
+        step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
+        entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
+        cadence=not skip_cadence, on_cell=on_cell,
+        on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
+                                  "tokens each ..."))
+    _render(report, as_json=as_json, plot=plot)
 
 
 @app.command()
@@ -412,25 +288,9 @@ def load(
 ) -> None:
     """Raw-socket load through a lab: TTFT and inter-chunk percentiles, and the
     load generator's own CPU per token (so you can see it was not the limit)."""
-    from urllib.parse import urlsplit
+    from streamlab.experiments.bench.load import bench_load
 
-    from services.client.openai_stream import chat_body
-    from streamlab.experiments.bench.load import run_load
-
-    target = urlsplit(url or f"{attached(run_dir).edge_url}/v1/chat/completions")
-    body = chat_body("load", max_tokens=tokens, prefill_ms=10, token_gap_ms=gap_ms,
-                     answer_tokens=tokens, heartbeat_s=heartbeat_s)
-    result = asyncio.run(run_load(target.hostname or "127.0.0.1", target.port or 80,
-                                  target.path or "/v1/chat/completions", body,
-                                  streams=0 if rate else streams, rate=rate,
-                                  duration_s=duration_s))
-    figures = result.as_json()
-    if as_json:
-        print(json.dumps(figures, indent=2))
-        return
-    from rich.table import Table
-
-    table = Table("figure", "value", title="load")
-    for key, value in figures.items():
-        table.add_row(key.replace("_", " "), str(value))
-    console.print(table)
+    report = bench_load(url or f"{attached(run_dir).edge_url}/v1/chat/completions",
+                        streams=streams, rate=rate, duration_s=duration_s, tokens=tokens,
+                        gap_ms=gap_ms, heartbeat_s=heartbeat_s)
+    _render(report, as_json=as_json)

@@ -48,21 +48,27 @@ class Check:
     bound: Bound
     why: str = ""
 
-    def limit(self, timing: Timing) -> Figure:
-        return self.bound(timing) if callable(self.bound) else self.bound
+    def limit(self, timing: Timing | None = None) -> Figure:
+        """The bound's value; one that follows the timing needs the timing (the
+        benches' and the soak's bounds are plain numbers and need none)."""
+        if callable(self.bound):
+            if timing is None:
+                raise ValueError(f"{self.figure}'s bound follows the timing: judge it with one")
+            return self.bound(timing)
+        return self.bound
 
-    def describe(self, timing: Timing) -> str:
+    def describe(self, timing: Timing | None = None) -> str:
         limit = self.limit(timing)
         shown = f"{limit:.3g}" if isinstance(limit, float) else repr(limit)
         return f"{self.figure} {self.op} {shown}"
 
-    def as_json(self, timing: Timing) -> dict[str, JSON]:
+    def as_json(self, timing: Timing | None = None) -> dict[str, JSON]:
         """The check as data; a bound that follows the timing shows its value at `timing`."""
         return {"figure": self.figure, "op": self.op, "bound": self.limit(timing),
                 "bound_follows_timing": callable(self.bound), "check": self.describe(timing),
                 "why": self.why}
 
-    def holds(self, figures: Mapping[str, Figure], timing: Timing) -> bool:
+    def holds(self, figures: Mapping[str, Figure], timing: Timing | None = None) -> bool:
         if self.figure not in figures:
             return False
         value, limit = figures[self.figure], self.limit(timing)
@@ -86,7 +92,7 @@ class CheckResult:
                 "measured": self.measured, "holds": self.holds, "why": self.check.why}
 
 
-def judge(checks: Iterable[Check], figures: Mapping[str, Figure], timing: Timing
+def judge(checks: Iterable[Check], figures: Mapping[str, Figure], timing: Timing | None = None
           ) -> tuple[CheckResult, ...]:
     """The one judge: every check on the same figures, in order."""
     return tuple(CheckResult(c, c.describe(timing), c.holds(figures, timing),

@@ -39,7 +39,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,17 +50,18 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name
-from streamlab.experiments.report import Figures
+from streamlab.experiments.report import Report
 from streamlab.experiments.scenarios.edge_backpressure import Flood
 from streamlab.experiments.scenarios.measures import LogTail
 from streamlab.experiments.soak_verdict import (
     BROKEN,
-    CheckOutcome,
+    SELF_TEST,
     Fault,
     SoakRun,
     StreamRun,
-    figures,
-    judge,
+    report,
+    self_test_part,
+    self_test_report,
 )
 from streamlab.lab.target import LabTarget, pids_of
 from streamlab.lab.toxiproxy import Toxic, ToxiproxyClient, ToxiproxyError
@@ -97,31 +98,6 @@ CHAOS_TOXICS: tuple[tuple[str, dict[str, int | float], bool], ...] = (
     ("timeout", {"timeout": 500}, True),
     ("slow_close", {"delay": 500}, False),
 )
-
-
-@dataclass
-class SoakReport:
-    """A soak's observations, figures and verdict (soak_verdict.py)."""
-
-    run: SoakRun
-    knobs: Mapping[str, object]
-    lab_fault: str
-
-    @property
-    def figures(self) -> Figures:
-        return figures(self.run)
-
-    def checks(self) -> list[CheckOutcome]:
-        return judge(self.figures)
-
-    @property
-    def failed(self) -> list[str]:
-        """The figures whose checks failed."""
-        return [c.check.figure for c in self.checks() if not c.holds]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failed
 
 
 @dataclass(frozen=True)
@@ -166,20 +142,22 @@ def gateway_rss(lab: LabTarget) -> int:
 async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
                duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
                toxics: bool = True, knobs: Mapping[str, object] | None = None,
-               lab_fault: str = "", progress: Callable[[], None] | None = None) -> SoakReport:
+               lab_fault: str = "", progress: Callable[[], None] | None = None,
+               variant: str = "") -> Report:
     """`knobs` go into every request's `streamlab` options (a broken mode to
     show the verdict failing); `lab_fault` breaks the lab after the reference
-    runs ("engine_disabled", "edge_black_hole")."""
+    runs ("engine_disabled", "edge_black_hole"); `variant` names the broken
+    thing in the report."""
     rng = random.Random(seed)
     bounds = Bounds.of(lab)
     run = SoakRun(engine_kills_asked=engine_kills)
-    report = SoakReport(run, dict(knobs or {}), lab_fault)
+    knobs = dict(knobs or {})
     started = time.monotonic()
     timeout = httpx.Timeout(bounds.watchdog_s, connect=3.0)
     limits = httpx.Limits(max_connections=concurrency + 4)
     nginx_log = LogTail.of(lab, "nginx")
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
-        soaker = _Soaker(lab, http, bounds, rng, report.knobs)
+        soaker = _Soaker(lab, http, bounds, rng, knobs)
         await soaker.fetch_references()
         run.gateway_rss_start_mb = gateway_rss(lab) / 2**20
         stop = asyncio.Event()
@@ -217,7 +195,7 @@ async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
     run.gateway_rss_end_mb = await _rss_settled(lab, run.gateway_rss_start_mb)
     run.nginx_idle_cuts = nginx_log.count("upstream timed out") if nginx_log else None
     run.duration_s = time.monotonic() - started
-    return report
+    return report(run, knobs, lab_fault, variant)
 
 
 def _schedule(rng: random.Random, streams: int) -> list[str]:
@@ -256,7 +234,7 @@ class _Soaker:
         self.no_http_toxic = asyncio.Event()
         self.no_http_toxic.set()
 
-    def body(self, answer: int, gap_ms: int = GAP_MS, **options: Any) -> dict[str, Any]:
+    def body(self, answer: int, gap_ms: int = GAP_MS, **options: Any) -> dict[str, object]:
         # The broken knobs win over the behaviour's own (e.g. heartbeat_s: 0).
         options = {"prefill_ms": 5, "token_gap_ms": gap_ms, "answer_tokens": answer,
                    **options, **self.knobs}
@@ -332,7 +310,7 @@ class _Soaker:
         finally:
             self.stalling -= 1
 
-    async def _stall_on(self, run: StreamRun, body: dict[str, Any]) -> None:
+    async def _stall_on(self, run: StreamRun, body: dict[str, object]) -> None:
         run.left_at, run.leave_bound_s = time.monotonic(), self.bounds.stall_bound_s
         sock = await asyncio.to_thread(open_silent_reader, self.lab.ports.host,
                                        self.lab.ports.edge_port, "/v1/chat/completions", body,
@@ -435,7 +413,7 @@ class _Soaker:
             run.outcome = "connection_error"
 
     # ---- helpers -------------------------------------------------------------------
-    async def _chat(self, run: StreamRun, path: str, body: dict[str, Any],
+    async def _chat(self, run: StreamRun, path: str, body: dict[str, object],
                     stop_after_tokens: int | None = None) -> StreamResult:
         result = StreamResult()
         for attempt in range(4):
@@ -451,8 +429,8 @@ class _Soaker:
             await asyncio.sleep(min(2.0, float(result.retry_after_s or 1)))
         return result
 
-    async def _retrying(self, post: Callable[[], Any]) -> httpx.Response:
-        response: httpx.Response = await post()
+    async def _retrying(self, post: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        response = await post()
         for _ in range(3):
             if response.status_code not in (429, 502, 503):
                 break
@@ -596,8 +574,38 @@ async def _rss_settled(lab: LabTarget, start_mb: float | None) -> float:
         await asyncio.sleep(0.2)
 
 
-async def soak_broken(lab: LabTarget, name: str, **options: Any) -> SoakReport:
-    """The soak against one of soak_verdict.SELF_TEST's broken things."""
+async def soak_broken(lab: LabTarget, name: str, streams: int = 200, concurrency: int = 20,
+                      duration_s: float = 60.0, seed: int = 7, toxics: bool = True,
+                      progress: Callable[[], None] | None = None) -> Report:
+    """The soak against one of soak_verdict.SELF_TEST's broken things (its verdict
+    is to fail: the soak's checks judged as they are)."""
     thing = BROKEN[name]
-    options.setdefault("engine_kills", thing.engine_kills)
-    return await soak(lab, knobs=thing.knobs, lab_fault=thing.lab_fault, **options)
+    return await soak(lab, streams, concurrency, duration_s, thing.engine_kills, seed, toxics,
+                      thing.knobs, thing.lab_fault, progress, variant=name)
+
+
+async def self_test(lab: LabTarget, streams: int = 200, concurrency: int = 20,
+                    duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
+                    toxics: bool = True) -> Report:
+    """Every broken thing alone, without toxics (its failure must be its own),
+    each judged by self_test_part; then the lab as it is, which must pass."""
+    parts = [self_test_part(thing, await soak_broken(
+        lab, thing.name, streams, concurrency, duration_s, seed, toxics=False))
+        for thing in SELF_TEST]
+    parts.append(await soak(lab, streams, concurrency, duration_s, engine_kills, seed, toxics))
+    return self_test_report(parts)
+
+
+async def soak_as_asked(lab: LabTarget, broken: str | None = None, all_broken: bool = False,
+                        streams: int = 200, concurrency: int = 20, duration_s: float = 60.0,
+                        engine_kills: int = 2, seed: int = 7, toxics: bool = True,
+                        progress: Callable[[], None] | None = None) -> Report:
+    """`streamlab soak`: the self-test (`all_broken`), the soak against one
+    `broken` thing, or the soak against the lab as it is."""
+    if all_broken:
+        return await self_test(lab, streams, concurrency, duration_s, engine_kills, seed, toxics)
+    if broken is not None:
+        return await soak_broken(lab, broken, streams, concurrency, duration_s, seed, toxics,
+                                 progress)
+    return await soak(lab, streams, concurrency, duration_s, engine_kills, seed, toxics,
+                      progress=progress)

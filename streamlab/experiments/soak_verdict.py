@@ -6,8 +6,10 @@ on them, and the broken things each check is shown failing on.
     Fault          one fault the soak injected (a toxic, an engine kill), with its window
     figures(...)   the run's figures, from the streams and the faults
     CHECKS         Check(figure, op, bound): every one must hold for a pass
+    report(...)    the run as the one Report, CHECKS judged by the one judge
     SELF_TEST      each broken thing the soak is meant to catch, and the figures
-                   whose checks must fail on it (`streamlab soak --self-test`)
+                   whose checks must fail on it (`streamlab soak --self-test`,
+                   self_test_part: the same judge, the other way round)
 
 The verdict follows the scenarios' rule (streamlab/experiments/scenarios/runner.py): a
 check that has never been seen failing on the thing it guards against proves
@@ -21,8 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from streamlab.experiments.report import Check, Figure, Figures
-from streamlab.experiments.timing import Timing
+from streamlab.experiments.report import Check, Figures, Report, Table, judge
 
 # Streams whose behaviour is to read the answer to its end, one way or another.
 COMPLETING = frozenset({"full", "think", "resume"})
@@ -167,17 +168,21 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    check: Check
-    description: str
-    holds: bool
+def report(run: SoakRun, knobs: Mapping[str, object], lab_fault: str = "",
+           variant: str = "") -> Report:
+    """The soak's Report: its figures judged by CHECKS (the one judge: every
+    bound here is a plain number). `variant` names the broken thing it ran
+    against, if any."""
+    values = figures(run)
+    values["knobs"] = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    values["lab_fault"] = lab_fault
+    return Report("soak", variant, story="clients of every behaviour against the lab, with "
+                  "the faults asked for", figures=values, checks=judge(CHECKS, values))
 
 
-def judge(values: Mapping[str, Figure], checks: tuple[Check, ...] = CHECKS
-          ) -> list[CheckOutcome]:
-    timing = Timing()  # the soak's bounds are plain numbers; Check wants a timing
-    return [CheckOutcome(c, c.describe(timing), c.holds(values, timing)) for c in checks]
+def failed(soak: Report) -> list[str]:
+    """The figures whose checks failed."""
+    return [c.check.figure for c in soak.failures]
 
 
 @dataclass(frozen=True)
@@ -218,3 +223,32 @@ SELF_TEST: tuple[BrokenThing, ...] = (
                 ("hangs",), lab_fault="edge_black_hole"),
 )
 BROKEN = {thing.name: thing for thing in SELF_TEST}
+
+
+def self_test_part(thing: BrokenThing, soak: Report) -> Report:
+    """A soak run against `thing`, judged the other way round: each check that
+    guards against it must fail (the soak's own checks on the same figures are
+    kept as `other_checks`; they must not all hold)."""
+    held = {c.check.figure: c.holds for c in soak.checks}
+    values: Figures = {**soak.figures, **{f"check_{g}_holds": held.get(g) for g in
+                                          thing.guarded_by}}
+    guards = tuple(Check(f"check_{g}_holds", "==", False,
+                         f"the soak's check on {g} fails on {thing.name}")
+                   for g in thing.guarded_by)
+    return Report("soak", thing.name, story=thing.story, figures=values,
+                  checks=judge(guards, values), other_checks=soak.checks)
+
+
+SELF_TEST_COLUMNS = ("broken", "must fail", "failed", "verdict")
+
+
+def self_test_report(parts: list[Report]) -> Report:
+    """Every broken thing's run (self_test_part) and the lab as it is (must pass)."""
+    rows = tuple((p.variant or "(none: the lab as it is)",
+                  ", ".join(BROKEN[p.variant].guarded_by) if p.variant in BROKEN else "nothing",
+                  ", ".join(failed(p) if p.variant not in BROKEN else
+                            [c.check.figure for c in p.other_checks if not c.holds]) or "nothing",
+                  "as expected" if p.as_expected else "UNEXPECTED") for p in parts)
+    return Report("soak self-test", story="each broken thing fails the checks that guard "
+                  "against it, and the lab as it is passes them all",
+                  tables=(Table("soak self-test", SELF_TEST_COLUMNS, rows),), parts=tuple(parts))

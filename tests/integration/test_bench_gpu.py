@@ -23,10 +23,10 @@ def test_bench_gpu_reports_each_batch_size_on_the_cpu(tiny_model_dir: Path) -> N
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
-    assert report["device"] == "cpu"
-    assert report["max_batch"] == 32
-    assert report["failures"] == []
-    rows = {r["batch"]: r for r in report["rows"]}
+    assert report["figures"]["device"] == "cpu"
+    assert report["figures"]["max_batch"] == 32
+    assert report["as_expected"], report
+    rows = {p["figures"]["batch"]: p["figures"] for p in report["parts"]}
     assert sorted(rows) == [1, 8, 32]
     for batch, row in rows.items():
         assert row["tokens"] == batch * 8
@@ -36,9 +36,13 @@ def test_bench_gpu_reports_each_batch_size_on_the_cpu(tiny_model_dir: Path) -> N
         assert 1 <= row["rows_per_step"] <= batch
         assert 0 < row["ttft_ms_p50"] <= row["ttft_ms_max"]
         assert row["tokens_after_cancel_max"] <= 1
+        assert row["not_cancelled"] == 0
+        assert row["memory_kept"] is None  # on the CPU: not measured, not judged
         assert 0 <= row["cancel_seen_ms"] <= row["cancel_ended_ms"]
     # Batched: one forward pass served several sequences.
     assert rows[1]["mean_batch"] == 1.0
     assert rows[8]["mean_batch"] > 1.0
     assert rows[32]["mean_batch"] > rows[8]["mean_batch"]
     assert rows[8]["rows_per_step"] > 1.0
+    (batches,) = report["tables"]
+    assert [row[0] for row in batches["rows"]] == [1, 8, 32]

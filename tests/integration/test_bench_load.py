@@ -22,7 +22,7 @@ async def test_load_through_the_edge_counts_every_token_of_every_stream(lab: Lab
     result = await run_load(edge.hostname or "127.0.0.1", edge.port or 80,
                             "/v1/chat/completions", body, streams=streams, ramp_s=0.1,
                             timeout_s=30)
-    print(result.as_json())
+    print(result.figures())
     assert result.errors == {}
     assert result.completed == streams
     assert result.tokens == streams * tokens

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from streamlab.experiments.soak import soak, soak_broken
-from streamlab.experiments.soak_verdict import SELF_TEST, BrokenThing
+from streamlab.experiments.soak_verdict import SELF_TEST, BrokenThing, failed, self_test_part
 from streamlab.lab.target import LabTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -28,7 +28,7 @@ async def test_small_chaos_soak_passes_every_check(lab: LabTarget) -> None:
                         engine_kills=1, seed=11)
     figures = report.figures
     print(figures)
-    assert report.passed, [c.description for c in report.checks() if not c.holds]
+    assert report.as_expected, report.explain()
     assert figures["engine_kills"] == 1
     assert isinstance(figures["toxics_applied"], int)
     assert figures["toxics_applied"] >= 1
@@ -45,6 +45,8 @@ async def test_the_soak_fails_on_what_it_guards_against(lab: LabTarget,
     _needs_pids(lab)
     report = await soak_broken(lab, thing.name, streams=CYCLE, concurrency=CYCLE,
                                duration_s=60, toxics=False, seed=3)
-    print(thing.name, report.failed, report.figures)
-    assert not report.passed
-    assert set(thing.guarded_by) <= set(report.failed), report.figures
+    print(report.explain())
+    assert not report.as_expected
+    assert set(thing.guarded_by) <= set(failed(report)), report.figures
+    # The self-test's judgement of the same run (`streamlab soak --self-test`).
+    assert self_test_part(thing, report).as_expected

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.generation_end import wait_for_end
+from streamlab.experiments.report import Check, Figures, Report, judge
+from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
@@ -34,8 +37,8 @@ class AbandonReport:
     latencies_ms: list[float] = field(default_factory=list)
     tokens_after_cancel: int = 0
     tokens_after_leaving: int = 0
-    # With `background`: the streams that ran meanwhile (load.LoadResult.as_json).
-    background: dict[str, object] | None = None
+    # With `background`: the streams that ran meanwhile.
+    background: LoadResult | None = None
 
     def percentile(self, q: float) -> float:
         if not self.latencies_ms:
@@ -47,13 +50,8 @@ class AbandonReport:
     def p50_ms(self) -> float:
         return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
 
-    @property
-    def passed(self) -> bool:
-        """Every stream's cancel reached the engine, and nothing runs on."""
-        return self.still_running == 0 and self.cancelled == self.streams
-
-    def figures(self) -> dict[str, object]:
-        return {
+    def figures(self) -> Figures:
+        out: Figures = {
             "streams": self.streams, "cancelled": self.cancelled,
             "still_running": self.still_running,
             "cancel_latency_p50_ms": round(self.p50_ms, 1),
@@ -61,11 +59,33 @@ class AbandonReport:
             "cancel_latency_max_ms": round(max(self.latencies_ms, default=float("nan")), 1),
             "tokens_after_cancel": self.tokens_after_cancel,
             "tokens_after_client_left": self.tokens_after_leaving,
-            **({"background_streams": self.background["streams"],
-                "background_completed": self.background["completed"],
-                "background_errors": self.background["errors"]}
-               if self.background is not None else {}),
         }
+        if self.background is not None:
+            out.update(background_streams=self.background.streams,
+                       background_completed=self.background.completed,
+                       background_failed=self.background.failed,
+                       background_errors=", ".join(
+                           f"{k}: {v}" for k, v in sorted(self.background.errors.items())))
+        return out
+
+    def checks(self) -> tuple[Check, ...]:
+        """What the command exits 1 on: a cancel that did not reach the engine, a
+        generation left running, a background stream that did not complete."""
+        checks = [Check("cancelled", "==", self.streams,
+                        "every abandoned stream's cancel reached the engine"),
+                  Check("still_running", "==", 0, "no abandoned generation runs on")]
+        if self.background is not None:
+            checks.append(Check("background_completed", "==", self.background.streams,
+                                "every stream running beside them completed: a cancel took "
+                                "none of them down"))
+        return tuple(checks)
+
+    def report(self, gap_ms: int) -> Report:
+        figures = self.figures()
+        beside = f" beside {self.background.streams} running" if self.background else ""
+        return Report("bench cancel", story=f"{self.streams} streams abandoned after 1-8 "
+                      f"tokens, {gap_ms} ms apart{beside}: how fast the engine saw each cancel",
+                      figures=figures, checks=judge(self.checks(), figures))
 
 
 async def abandon_streams(
@@ -127,12 +147,10 @@ async def abandon_under_load(
     progress: Callable[[], None] | None = None,
 ) -> AbandonReport:
     """abandon_streams while `background` other streams run through the same chain
-    (issue 15's P5: cancel latency with 1,000 streams running). The background
+    (cancel latency with 1,000 streams running). The background
     streams are slow (a token a second, the raw-socket load generator: it costs
     the machine little beyond what the chain spends on them), all open before
     the first stream is abandoned, and last past the last one."""
-    from streamlab.experiments.bench.load import run_load
-
     ramp_s = min(10.0, max(2.0, background / 200))
     # Long enough for the ramp, the abandoned streams (generously: a loaded
     # machine), and the wait for their records.
@@ -145,5 +163,27 @@ async def abandon_under_load(
     await asyncio.sleep(ramp_s + 1.0)  # every background stream open (the ramp, then a second)
     report = await abandon_streams(url, stats, streams=streams, concurrency=concurrency,
                                    gap_ms=gap_ms, progress=progress)
-    report.background = (await load).as_json()
+    report.background = await load
     return report
+
+
+def bench_cancel(lab: LabTarget, *, location: str = "/", streams: int = 200,
+                 concurrency: int = 20, gap_ms: int = 20, background: int = 0,
+                 progress: Callable[[], None] | None = None) -> Report:
+    """`streamlab bench cancel`: abandon `streams` through the edge (at nginx's
+    `location`), with `background` slow streams running beside them if asked
+    (the caps raised for them, the engine restarted on its own clock, all put
+    back after: a local lab only)."""
+    from streamlab.experiments.bench.scale import lab_settings
+
+    url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
+    if not background:
+        return asyncio.run(abandon_streams(url, lab.engine_stats, streams=streams,
+                                           concurrency=concurrency, gap_ms=gap_ms,
+                                           progress=progress)).report(gap_ms)
+    with lab_settings(lab, background + concurrency) as use_clock:
+        use_clock(lab.options.engine_env.get("STREAMLAB_FAKE_CLOCK", "batched"))
+        return asyncio.run(abandon_under_load(
+            url, lab.engine_stats, lab.ports.host, lab.ports.edge_port, background,
+            streams=streams, concurrency=concurrency, gap_ms=gap_ms,
+            progress=progress)).report(gap_ms)

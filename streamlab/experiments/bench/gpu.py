@@ -19,7 +19,9 @@ For each batch size B:
            and after: it must come back.
 
 A check fails (exit 1 from the command) when a cancel let more than one token
-through, memory did not come back on a GPU, or a generation did not end.
+through, a cancelled generation ended some other way, memory did not come back
+on a GPU, or the engine runs fewer at once than the largest batch; a
+generation that does not end at all stops the bench.
 Imports torch: the command imports this module only when it runs.
 """
 
@@ -29,9 +31,10 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import grpc
 import torch
@@ -40,6 +43,7 @@ from services.engine.backends.hf import HFModel
 from services.engine.random_model import build
 from services.engine.server import create_server
 from services.engine.settings import EngineSettings, HFSettings
+from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -79,37 +83,69 @@ class BatchFigures:
     rows_per_step: float
     token_gap_ms: float
     mean_batch: float
+    cancel: CancelFigures
+
+    def report(self, cuda: bool) -> Report:
+        """The batch's figures, judged: each cancel stops its generation within a
+        token, every one ends cancelled, and (on a GPU) the memory comes back."""
+        figures: Figures = {k: v for k, v in asdict(self).items() if k != "cancel"}
+        figures.update(asdict(self.cancel))
+        figures["memory_kept"] = (self.cancel.memory_after - self.cancel.memory_before
+                                  if cuda else None)
+        checks = [Check("tokens_after_cancel_max", "<=", 1,
+                        "a cancel lets at most the step in flight through"),
+                  Check("not_cancelled", "==", 0, "every cancelled generation ends cancelled")]
+        if cuda:
+            checks.append(Check("memory_kept", "<=", 0, "device memory comes back after the "
+                                "cancels (bytes held by tensors)"))
+        return Report("bench gpu", f"batch {self.batch}", figures=figures,
+                      checks=judge(checks, figures))
+
+
+@dataclass
+class CancelFigures:
     cancel_seen_ms: float
     cancel_ended_ms: float
     tokens_after_cancel_one: int  # the one cancelled while the others ran
     tokens_after_cancel_max: int  # over all B cancelled generations
+    not_cancelled: int  # of the B, ended some other way than cancelled
     memory_before: int
     memory_peak: int
     memory_after: int
 
 
 @dataclass
-class GpuReport:
+class GpuRun:
     device: str
     dtype: str
     model: str
     parameters: int
-    max_batch: int
+    max_batch: int  # the engine's running limit
     rows: list[BatchFigures] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def figures(self) -> dict[str, Any]:
-        return asdict(self)
 
     def row(self, batch: int) -> BatchFigures:
         return next(r for r in self.rows if r.batch == batch)
 
+    def report(self, asked_batch: int) -> Report:
+        cuda = self.device.startswith("cuda")
+        figures: Figures = {"device": self.device, "dtype": self.dtype, "model": self.model,
+                            "parameters": self.parameters, "max_batch": self.max_batch}
+        checks = (Check("max_batch", ">=", asked_batch, "the engine runs the largest batch "
+                        "asked for at once (a model the batch cannot pad would not)"),)
+        return Report(
+            "bench gpu", story=f"{self.model} ({self.parameters / 1e6:.2f} M parameters) on "
+            f"{self.device}, dtype {self.dtype}", figures=figures,
+            checks=judge(checks, figures),
+            tables=(Table("batches", COLUMNS, tuple(_row(r, cuda) for r in self.rows)),),
+            parts=tuple(r.report(cuda) for r in self.rows))
 
-async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
+
+async def run_gpu_bench(options: GpuBenchOptions) -> Report:
+    run = await measure_gpu(options)
+    return run.report(max(options.batches))
+
+
+async def measure_gpu(options: GpuBenchOptions) -> GpuRun:
     model_dir = options.model or str(
         build(Path(tempfile.mkdtemp(prefix="bench-gpu-")) / options.size, options.size))
     max_batch = max(options.batches)
@@ -126,15 +162,12 @@ async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
     stub = pb_grpc.EngineServiceStub(channel)
     try:
         load = (await _stats(stub)).load
-        report = GpuReport(device=load.device, dtype=options.dtype, model=model_dir,
-                           parameters=_parameters(model_dir), max_batch=load.running_limit)
-        if load.running_limit < max_batch:
-            report.failures.append(f"the engine runs {load.running_limit} at once, "
-                                   f"not {max_batch} (a model the batch cannot pad?)")
+        run = GpuRun(device=load.device, dtype=options.dtype, model=model_dir,
+                     parameters=_parameters(model_dir), max_batch=load.running_limit)
         await _decode(stub, "warmup", 2, 4)  # kernels, allocator, caches
         for batch in options.batches:
-            report.rows.append(await _batch_row(stub, backend, options, batch, report))
-        return report
+            run.rows.append(await _batch_row(stub, backend, options, batch, run.device))
+        return run
     finally:
         await channel.close()
         await engine.stop(0)
@@ -142,7 +175,7 @@ async def run_gpu_bench(options: GpuBenchOptions) -> GpuReport:
 
 
 async def _batch_row(stub: pb_grpc.EngineServiceStub, backend: HFModel,
-                     options: GpuBenchOptions, batch: int, report: GpuReport) -> BatchFigures:
+                     options: GpuBenchOptions, batch: int, device: str) -> BatchFigures:
     before, clock = (await _stats(stub)).load, backend.step_timing
     start = time.perf_counter()
     streams = await _decode(stub, f"b{batch}", batch, options.max_tokens)
@@ -153,7 +186,7 @@ async def _batch_row(stub: pb_grpc.EngineServiceStub, backend: HFModel,
     gaps = [statistics.median(s.gaps) for s in streams if s.gaps]
     ttfts = [s.ttft_s * 1000 for s in streams]
     steps = after.decode_steps - before.decode_steps
-    cancel = await _cancels(stub, options, batch, report)
+    cancel = await _cancels(stub, options, batch, device)
     return BatchFigures(
         batch=batch, tokens=tokens, tokens_per_s=round(tokens / wall, 1),
         ttft_ms_p50=round(statistics.median(ttfts), 1), ttft_ms_max=round(max(ttfts), 1),
@@ -163,7 +196,7 @@ async def _batch_row(stub: pb_grpc.EngineServiceStub, backend: HFModel,
         token_gap_ms=round(statistics.median(gaps) * 1000, 2) if gaps else float("nan"),
         mean_batch=round((after.decode_step_tokens - before.decode_step_tokens) / steps, 2)
         if steps else 0.0,
-        **cancel)
+        cancel=cancel)
 
 
 @dataclass
@@ -199,8 +232,8 @@ async def _one(stub: pb_grpc.EngineServiceStub, request_id: str, prompt: str,
 
 
 async def _cancels(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, batch: int,
-                   report: GpuReport) -> dict[str, Any]:
-    cuda = report.device.startswith("cuda")
+                   device: str) -> CancelFigures:
+    cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     memory_before = (await _stats(stub)).load.device_memory_allocated
@@ -233,28 +266,20 @@ async def _cancels(stub: pb_grpc.EngineServiceStub, options: GpuBenchOptions, ba
     await _decode(stub, f"after-c{batch}", 1, 2)  # steps in flight at the cancels are done
     records = [await _ended_record(stub, rid) for rid in ids]
     memory_after = (await _stats(stub)).load.device_memory_allocated
-    for r in records:
-        if r.state != pb.GENERATION_STATE_CANCELLED:
-            report.failures.append(f"{r.request_id} ended {pb.GenerationState.Name(r.state)}")
-        if r.tokens_after_cancel > 1:
-            report.failures.append(f"{r.request_id}: {r.tokens_after_cancel} tokens after "
-                                   "the cancel")
-    if cuda and memory_after > memory_before:
-        report.failures.append(f"batch {batch}: device memory did not come back: "
-                               f"{memory_before} → {memory_after} bytes")
-    return {
-        "cancel_seen_ms": round((ended.cancelled_at - cancelled_at) * 1000, 2),
-        "cancel_ended_ms": round((ended.ended_at - cancelled_at) * 1000, 2),
-        "tokens_after_cancel_one": one.tokens_after_cancel,
-        "tokens_after_cancel_max": max(r.tokens_after_cancel for r in records),
-        "memory_before": memory_before,
-        "memory_peak": torch.cuda.max_memory_allocated() if cuda else 0,
-        "memory_after": memory_after,
-    }
+    return CancelFigures(
+        cancel_seen_ms=round((ended.cancelled_at - cancelled_at) * 1000, 2),
+        cancel_ended_ms=round((ended.ended_at - cancelled_at) * 1000, 2),
+        tokens_after_cancel_one=one.tokens_after_cancel,
+        tokens_after_cancel_max=max(r.tokens_after_cancel for r in records),
+        not_cancelled=sum(1 for r in records if r.state != pb.GENERATION_STATE_CANCELLED),
+        memory_before=memory_before,
+        memory_peak=torch.cuda.max_memory_allocated() if cuda else 0,
+        memory_after=memory_after)
 
 
-async def _count(call: Any, counts: list[int], enough: list[asyncio.Event],
-                 ticks: list[asyncio.Event], index: int, after: int) -> None:
+async def _count(call: AsyncIterator[pb.GenerateResponse], counts: list[int],
+                 enough: list[asyncio.Event], ticks: list[asyncio.Event], index: int,
+                 after: int) -> None:
     async for response in call:
         if response.HasField("token"):
             counts[index] += 1
@@ -290,19 +315,17 @@ def _parameters(model_dir: str) -> int:
 
 COLUMNS = ("batch", "tokens/s", "TTFT p50 ms", "TTFT max ms", "model step ms", "rows/step",
            "token gap ms", "mean batch",
-           "cancel seen ms", "cancel ended ms", "tokens after cancel (one · max)",
-           "memory before · peak · after MiB")
+           "cancel seen ms", "cancel ended ms", "tokens after cancel: one", "max",
+           "memory before MiB", "peak", "after")
 
 
-def table_rows(report: GpuReport) -> list[list[str]]:
-    def mib(n: int) -> str:
-        return f"{n / 2**20:.1f}"
+def _row(r: BatchFigures, cuda: bool) -> tuple[Figure, ...]:
+    def mib(n: int) -> float:
+        return round(n / 2**20, 1)
 
-    return [[str(r.batch), f"{r.tokens_per_s:.0f}", f"{r.ttft_ms_p50:.1f}",
-             f"{r.ttft_ms_max:.1f}", f"{r.model_step_ms:.2f}", f"{r.rows_per_step:.2f}",
-             f"{r.token_gap_ms:.2f}", f"{r.mean_batch:.2f}",
-             f"{r.cancel_seen_ms:.2f}", f"{r.cancel_ended_ms:.2f}",
-             f"{r.tokens_after_cancel_one} · {r.tokens_after_cancel_max}",
-             f"{mib(r.memory_before)} · {mib(r.memory_peak)} · {mib(r.memory_after)}"
-             if report.device.startswith("cuda") else "(CPU: not measured)"]
-            for r in report.rows]
+    c = r.cancel
+    return (r.batch, round(r.tokens_per_s), r.ttft_ms_p50, r.ttft_ms_max, r.model_step_ms,
+            r.rows_per_step, r.token_gap_ms, r.mean_batch, c.cancel_seen_ms, c.cancel_ended_ms,
+            c.tokens_after_cancel_one, c.tokens_after_cancel_max,
+            *((mib(c.memory_before), mib(c.memory_peak), mib(c.memory_after)) if cuda
+              else (None, None, None)))

@@ -23,11 +23,12 @@ import json
 import os
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from streamlab.experiments.bench.probes import CpuMeter, cpu_ms
 from streamlab.experiments.bench.stats import percentile
+from streamlab.experiments.report import Figures, Report
 
 # What every token event of the OpenAI route carries and nothing else does
 # (the finish event's delta is empty): counted, never parsed.
@@ -136,17 +137,32 @@ class LoadResult:
             return None
         return self.client_cpu_ms * 1000 / self.tokens
 
-    def as_json(self) -> dict[str, Any]:
-        return {"streams": self.streams, "completed": self.completed, "errors": self.errors,
-                "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
-                "ttft_ms": self.ttft_ms, "icl_ms": self.icl_ms,
-                "client_cpu_ms": self.client_cpu_ms,
-                "client_us_per_token": self.client_us_per_token,
-                **({"heartbeats": self.heartbeats, "heartbeat_late_ms": self.heartbeat_late_ms}
-                   if self.heartbeats else {})}
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def figures(self) -> Figures:
+        """Flat: `ttft_ms_p50`, `icl_ms_p99`, ...; the errors as one word
+        ("HTTP 503: 2, timeout: 1") beside their count."""
+        usage = self.client_us_per_token
+        out: Figures = {
+            "streams": self.streams, "completed": self.completed, "failed": self.failed,
+            "errors": ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())),
+            "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
+            **{f"ttft_ms_{q}": v for q, v in self.ttft_ms.items()},
+            **{f"icl_ms_{q}": v for q, v in self.icl_ms.items()},
+            "client_cpu_ms": None if self.client_cpu_ms is None else round(self.client_cpu_ms, 1),
+            "client_us_per_token": None if usage is None else round(usage, 1)}
+        if self.heartbeats:
+            out["heartbeats"] = self.heartbeats
+            out.update({f"heartbeat_late_ms_{q}": v for q, v in self.heartbeat_late_ms.items()})
+        return out
+
+    def report(self, experiment: str = "bench load", variant: str = "") -> Report:
+        return Report(experiment, variant, figures=self.figures())
 
 
-def http_request(host: str, port: int, path: str, body: dict[str, Any]) -> bytes:
+def http_request(host: str, port: int, path: str, body: Mapping[str, object]) -> bytes:
     payload = json.dumps(body, separators=(",", ":")).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
@@ -154,7 +170,7 @@ def http_request(host: str, port: int, path: str, body: dict[str, Any]) -> bytes
             f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
 
 
-async def run_load(host: str, port: int, path: str, body: dict[str, Any], *,
+async def run_load(host: str, port: int, path: str, body: Mapping[str, object], *,
                    streams: int = 0, ramp_s: float = 0.5, rate: float = 0.0,
                    duration_s: float = 0.0, timeout_s: float = 120.0,
                    seed: int = 1, keep_text: bool = False,
@@ -283,3 +299,22 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     return {f"p{q}": round(percentile(values, q), 2) for q in (50, 90, 99)}
+
+
+def bench_load(url: str, *, streams: int = 100, rate: float = 0.0, duration_s: float = 10.0,
+               tokens: int = 100, gap_ms: int = 20, heartbeat_s: float = 0.0) -> Report:
+    """`streamlab bench load`: `streams` at once (or Poisson arrivals at `rate`)
+    to `url`, each `tokens` long at the model's `gap_ms`; figures only."""
+    from urllib.parse import urlsplit
+
+    from services.client.openai_stream import chat_body
+
+    target = urlsplit(url)
+    body = chat_body("load", max_tokens=tokens, prefill_ms=10, token_gap_ms=gap_ms,
+                     answer_tokens=tokens, heartbeat_s=heartbeat_s)
+    result = asyncio.run(run_load(target.hostname or "127.0.0.1", target.port or 80,
+                                  target.path or "/v1/chat/completions", body,
+                                  streams=0 if rate else streams, rate=rate,
+                                  duration_s=duration_s))
+    return result.report(variant=f"{rate:g}/s for {duration_s:g} s" if rate
+                         else f"{streams} at once")

@@ -14,13 +14,14 @@ another) and at concurrency C (C streams at once):
 Server CPU per 1,000 tokens is read from the relay process (gateway, floor or
 naive) around each cell. Then one load cell: the full chain with the engine at
 a 20 ms gap and 100 concurrent streams, for the inter-chunk target. The
-report compares the figures with its targets; it asserts nothing.
+report judges the figures against its targets (checks); it asserts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import platform
 import socket
@@ -28,9 +29,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx
@@ -41,6 +41,7 @@ from services.client.transport_run import TransportRun
 from streamlab.experiments.bench.probes import CpuMeter, cpu_ms
 from streamlab.experiments.bench.stats import percentile
 from streamlab.experiments.bench.transports import PROMPT
+from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.experiments.timing import Timing
 from streamlab.lab import processes
 from streamlab.lab.processes import ServiceSpec
@@ -88,19 +89,13 @@ class Cell:
 
 
 @dataclass
-class RelayReport:
+class RelayRun:
+    """What one run of the bench measured (`report` judges it)."""
+
     timing: Timing
     cells: list[Cell]
-    targets: list[dict[str, Any]] = field(default_factory=list)
     started_at: str = ""
-    machine: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"kind": "relay", "started_at": self.started_at, "machine": self.machine,
-                "timing": self.timing.fake_model(),
-                "cells": [{**asdict(c), "server_cpu_per_1k_tokens_ms": c.server_cpu_per_1k}
-                          for c in self.cells],
-                "targets": self.targets}
+    machine: Figures = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -258,25 +253,43 @@ def run_relay(
     streams_c1: int,
     load: tuple[RelayPath, int, int, int] | None,
     on_cell: Callable[[str], None] = lambda label: None,
-) -> RelayReport:
+) -> Report:
     """`load` is (path, concurrency, gap_ms, tokens) for the inter-chunk cell."""
-    report = RelayReport(timing, [], started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                               time.gmtime()),
-                         machine={"python": platform.python_version(),
-                                  "cpus": len(os.sched_getaffinity(0)),
-                                  "platform": platform.platform(),
-                                  "load_average_1m": os.getloadavg()[0]})
+    run = RelayRun(timing, [], started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   machine=machine())
     for concurrency in concurrencies:
         rounds = streams_c1 if concurrency == 1 else 1
-        report.cells += asyncio.run(_run_level(paths, timing, concurrency, rounds, pids,
-                                               on_cell))
+        run.cells += asyncio.run(_run_level(paths, timing, concurrency, rounds, pids, on_cell))
     if load is not None:
         path, concurrency, gap_ms, tokens = load
         load_timing = replace(timing, gap_ms=gap_ms, tokens=tokens)
-        report.cells += asyncio.run(_run_level([path], load_timing, concurrency, 1, pids,
-                                               lambda label: on_cell(f"{label} @ {gap_ms} ms")))
-    report.targets = judge(report.cells, concurrencies, load)
-    return report
+        run.cells += asyncio.run(_run_level([path], load_timing, concurrency, 1, pids,
+                                            lambda label: on_cell(f"{label} @ {gap_ms} ms")))
+    return report(run, concurrencies, load)
+
+
+def machine() -> Figures:
+    """What the figures were measured on (others share the machine: the load says
+    how much they did)."""
+    return {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(), "load_average_1m": os.getloadavg()[0]}
+
+
+def bench_relay(lab: LabTarget, log_dir: Path, timing: Timing, concurrencies: list[int],
+                streams_c1: int, load_cell: tuple[int, int, int] | None, only: set[str],
+                on_steps: Callable[[int], None], on_cell: Callable[[str], None]) -> Report:
+    """`streamlab bench relay`: the reference relays started beside the lab, the
+    paths (`only` these, when given) measured, the report judged. `load_cell` is
+    (streams, gap_ms, tokens) of the inter-chunk cell through the full chain;
+    `on_steps` hears how many waves there will be."""
+    with reference_servers(lab.engine_hop, log_dir) as refs:
+        paths, pids = lab_paths(lab, refs)
+        chain = next(p for p in paths if p.name == "full chain")
+        if only:
+            paths = [p for p in paths if p.name in only]
+        load = (chain, *load_cell) if load_cell else None
+        on_steps(relay_steps(paths, concurrencies, streams_c1, load))
+        return run_relay(paths, pids, timing, concurrencies, streams_c1, load, on_cell)
 
 
 def _find(cells: list[Cell], path: str, concurrency: int, gap_ms: int | None = None
@@ -288,43 +301,107 @@ def _find(cells: list[Cell], path: str, concurrency: int, gap_ms: int | None = N
     return None
 
 
-def judge(cells: list[Cell], concurrencies: list[int],
-          load: tuple[RelayPath, int, int, int] | None) -> list[dict[str, Any]]:
-    """Each target: the measured figure, the target and whether we meet it."""
-    verdicts: list[dict[str, Any]] = []
+def target_figures(cells: list[Cell], concurrencies: list[int],
+                   load: tuple[RelayPath, int, int, int] | None) -> Figures:
+    """The figures the targets are about; a figure whose cells were not run
+    (`--paths`, no load cell) is left out, and so is its check."""
+    out: Figures = {}
     grpc_c1, chain_c1 = _find(cells, "grpc", 1), _find(cells, "full chain", 1)
     if grpc_c1 and chain_c1:
-        added = chain_c1.ttft_ms["p50"] - grpc_c1.ttft_ms["p50"]
-        verdicts.append({"target": "full chain adds ≤ 3 ms TTFT p50 over gRPC (c=1)",
-                         "measured": round(added, 2), "unit": "ms",
-                         "met": added <= TARGET_TTFT_ADDED_MS})
+        out["ttft_added_ms"] = round(chain_c1.ttft_ms["p50"] - grpc_c1.ttft_ms["p50"], 2)
     busiest = max(concurrencies)
     gateway, floor, naive = (_find(cells, name, busiest) for name in ("gateway", "floor", "naive"))
     gw_k = gateway.server_cpu_per_1k if gateway else None
     floor_k = floor.server_cpu_per_1k if floor else None
     naive_k = naive.server_cpu_per_1k if naive else None
     if gw_k and floor_k:
-        ratio = gw_k / floor_k
-        verdicts.append({"target": f"gateway CPU/1k tokens ≤ 3x the floor (c={busiest})",
-                         "measured": round(ratio, 2), "unit": "x",
-                         "met": ratio <= TARGET_CPU_VS_FLOOR})
+        out["gateway_cpu_vs_floor"] = round(gw_k / floor_k, 2)
     if gw_k and naive_k:
-        ratio = naive_k / gw_k
-        verdicts.append({"target": f"naive relay ≥ 2x the gateway's CPU/1k tokens (c={busiest})",
-                         "measured": round(ratio, 2), "unit": "x",
-                         "met": ratio >= TARGET_NAIVE_VS_GATEWAY})
+        out["naive_cpu_vs_gateway"] = round(naive_k / gw_k, 2)
     if load is not None:
         path, concurrency, gap_ms, _ = load
         cell = _find(cells, path.name, concurrency, gap_ms)
         if cell is not None:
-            p50, p99 = cell.icl_ms["p50"], cell.icl_ms["p99"]
-            low, high = TARGET_ICL_P50_MS
-            verdicts.append({"target": f"inter-chunk p50 in 20 ± 1 ms ({concurrency} streams, "
-                                       f"{gap_ms} ms gap, {path.name})",
-                             "measured": round(p50, 2), "unit": "ms",
-                             "met": low <= p50 <= high})
-            verdicts.append({"target": f"inter-chunk p99 ≤ 30 ms ({concurrency} streams, "
-                                       f"{gap_ms} ms gap, {path.name})",
-                             "measured": round(p99, 2), "unit": "ms",
-                             "met": p99 <= TARGET_ICL_P99_MS})
-    return verdicts
+            out["load_icl_p50_ms"] = round(cell.icl_ms["p50"], 2)
+            out["load_icl_p99_ms"] = round(cell.icl_ms["p99"], 2)
+    return out
+
+
+def targets(concurrencies: list[int], load: tuple[RelayPath, int, int, int] | None
+            ) -> tuple[Check, ...]:
+    """The relay's targets (docs/benchmarks.md, "Relay overhead") as checks."""
+    busiest = max(concurrencies)
+    checks = [
+        Check("ttft_added_ms", "<=", TARGET_TTFT_ADDED_MS,
+              "the full chain adds at most 3 ms of TTFT p50 over gRPC (c=1)"),
+        Check("gateway_cpu_vs_floor", "<=", TARGET_CPU_VS_FLOOR,
+              f"the gateway's CPU per 1k tokens within 3x the bare relay's (c={busiest})"),
+        Check("naive_cpu_vs_gateway", ">=", TARGET_NAIVE_VS_GATEWAY,
+              f"the textbook relay costs at least 2x the gateway's CPU (c={busiest})"),
+    ]
+    if load is not None:
+        path, concurrency, gap_ms, _ = load
+        where = f"{concurrency} streams, {gap_ms} ms gap, {path.name}"
+        low, high = TARGET_ICL_P50_MS
+        checks += [Check("load_icl_p50_ms", ">=", low, f"inter-chunk p50 in 20 ± 1 ms ({where})"),
+                   Check("load_icl_p50_ms", "<=", high, f"inter-chunk p50 in 20 ± 1 ms ({where})"),
+                   Check("load_icl_p99_ms", "<=", TARGET_ICL_P99_MS,
+                         f"inter-chunk p99 at most 30 ms ({where})")]
+    return tuple(checks)
+
+
+RELAY_COLUMNS = ("path", "conc.", "streams", "ok", "TTFT p50", "p90", "p99", "ICL p50",
+                 "ICL p99", "relay CPU ms/1k tok", "relay", "engine CPU ms/1k tok",
+                 "client CPU ms")
+
+
+def _ms(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, digits)
+
+
+def cell_label(cell: Cell, timing: Timing) -> str:
+    return f"{cell.path} × {cell.concurrency}" + (
+        f" @ {cell.gap_ms} ms" if cell.gap_ms != timing.gap_ms else "")
+
+
+def cell_report(cell: Cell, timing: Timing) -> Report:
+    figures: Figures = {
+        "path": cell.path, "concurrency": cell.concurrency, "streams": cell.streams,
+        "gap_ms": cell.gap_ms, "completed": cell.completed, "errors": ", ".join(cell.errors),
+        "tokens": cell.tokens, "wall_s": round(cell.wall_s, 3), "server": cell.server,
+        **{f"ttft_ms_{q}": _ms(v, 2) for q, v in cell.ttft_ms.items()},
+        **{f"icl_ms_{q}": _ms(v, 2) for q, v in cell.icl_ms.items()},
+        "server_cpu_ms": _ms(cell.server_cpu_ms),
+        "server_cpu_per_1k_tokens_ms": _ms(cell.server_cpu_per_1k),
+        "engine_cpu_ms": _ms(cell.engine_cpu_ms),
+        "client_cpu_ms": _ms(cell.client_cpu_ms)}
+    return Report("bench relay", cell_label(cell, timing), figures=figures)
+
+
+def _row(cell: Cell, timing: Timing) -> tuple[Figure, ...]:
+    engine_k = (cell.engine_cpu_ms * 1000 / cell.tokens
+                if cell.engine_cpu_ms is not None and cell.tokens else None)
+    relay = cell.server_cpu_per_1k if cell.server != "engine" else None
+    return (cell.path + (f" @ {cell.gap_ms} ms" if cell.gap_ms != timing.gap_ms else ""),
+            cell.concurrency, cell.streams, cell.completed, _ms(cell.ttft_ms["p50"]),
+            _ms(cell.ttft_ms["p90"]), _ms(cell.ttft_ms["p99"]), _ms(cell.icl_ms["p50"]),
+            _ms(cell.icl_ms["p99"]), _ms(relay, 0), "" if cell.server == "engine" else cell.server,
+            _ms(engine_k, 0), _ms(cell.client_cpu_ms, 0))
+
+
+def report(run: RelayRun, concurrencies: list[int],
+           load: tuple[RelayPath, int, int, int] | None) -> Report:
+    """The relay bench as the one Report: its target figures judged, a part and a
+    row per cell."""
+    measured = target_figures(run.cells, concurrencies, load)
+    figures: Figures = {"tokens": run.timing.tokens, "gap_ms": run.timing.gap_ms,
+                        "prefill_ms": run.timing.prefill_ms, "started_at": run.started_at,
+                        **run.machine, **measured}
+    # A target whose cells were not run is not judged (nor shown failing).
+    checks = [c for c in targets(concurrencies, load) if c.figure in measured]
+    cells = Table("cells", RELAY_COLUMNS, tuple(_row(c, run.timing) for c in run.cells),
+                  caption=f"Relay overhead · {run.timing.tokens} tokens, {run.timing.gap_ms} ms "
+                          "apart · times in ms")
+    return Report("bench relay", story="what each hop and the gateway itself add to a stream",
+                  figures=figures, checks=judge(checks, figures, run.timing), tables=(cells,),
+                  parts=tuple(cell_report(c, run.timing) for c in run.cells))

@@ -19,7 +19,8 @@ the engine to switch it, and raises the engine's and gateway's stream caps to
 the sweep's largest N (the defaults would refuse the load it means to
 measure); every setting it changed is put back at the end. That needs a lab
 this tool started (`streamlab up`): a compose lab's services are compose's.
-Figures, never assertions; the load average is printed with them.
+Figures judged against the cadence target, never asserted; the load average
+is printed with them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -37,6 +37,7 @@ import psutil
 from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.bench.probes import CpuMeter, CpuReading
+from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import LabTarget, MissingCapability, pids_of
 
 SWEEP = (10, 50, 100, 200, 400)
@@ -90,11 +91,36 @@ class ScaleCell:
         return (self.load.completed == self.streams and bool(icl)
                 and icl["p99"] <= TARGET_ICL_P99_MS)
 
-    def as_json(self) -> dict[str, Any]:
-        return {"clock": self.clock, "streams": self.streams, **self.load.as_json(),
-                "cpu_ms": self.cpu_ms, "us_per_token": self.us_per_token(),
-                "loadavg": list(self.loadavg), "on_cadence": self.on_cadence(),
+    def figures(self) -> Figures:
+        return {"clock": self.clock, **self.load.figures(),
+                **{f"cpu_ms_{name}": None if ms is None else round(ms, 1)
+                   for name, ms in self.cpu_ms.items()},
+                **{f"us_per_token_{name}": us for name, us in self.us_per_token().items()},
+                "loadavg_1m": self.loadavg[0], "loadavg_5m": self.loadavg[1],
+                "loadavg_15m": self.loadavg[2], "on_cadence": self.on_cadence(),
                 "mean_batch": None if self.mean_batch is None else round(self.mean_batch, 1)}
+
+    def report(self) -> Report:
+        """The cell judged against the cadence target (a sweep means to pass it: a
+        cell past the break point fails its checks, and that is the figure)."""
+        figures = self.figures()
+        checks = (Check("completed", "==", self.streams, "every stream completes"),
+                  Check("icl_ms_p99", "<=", TARGET_ICL_P99_MS, "inter-chunk p99 within 30 ms"))
+        return Report("bench scale", f"{self.clock} × {self.streams}", figures=figures,
+                      checks=judge(checks, figures))
+
+    def row(self) -> tuple[Figure, ...]:
+        icl, ttft, per = self.load.icl_ms, self.load.ttft_ms, self.us_per_token()
+        known = [v for v in per.values() if v is not None]
+        return (self.clock, self.streams, self.load.completed,
+                None if self.mean_batch is None else round(self.mean_batch, 1),
+                icl.get("p50"), icl.get("p90"), icl.get("p99"), ttft.get("p99"),
+                round(self.loadavg[0], 1), *(per.get(name) for name in PROCESSES),
+                round(sum(known)) if known else None)
+
+
+SCALE_COLUMNS = ("clock", "streams", "ok", "batch", "ICL p50", "p90", "p99", "TTFT p99", "load",
+                 f"µs/token: {PROCESSES[0]}", *PROCESSES[1:], "total")
 
 
 @contextlib.contextmanager
@@ -142,8 +168,8 @@ def lab_settings(lab: LabTarget, largest: int) -> Iterator[Callable[[str], None]
             lab.start_service("gateway")
 
 
-# Where the streams enter: the full chain, or past its first hops (P2 asks for
-# the break point "via nginx alone" beside the full chain's).
+# Where the streams enter: the full chain, or past its first hops (the break
+# point "via nginx alone" beside the full chain's).
 ENTRIES = ("edge", "nginx", "gateway")
 
 
@@ -183,7 +209,7 @@ def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
               step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS,
               on_cell: Callable[[ScaleCell], None] = lambda cell: None,
               stop_p99_ms: float = 4 * TARGET_ICL_P99_MS, entry: str = "edge"
-              ) -> dict[str, Any]:
+              ) -> Report:
     """Cell a) with b) read in the same runs. Each N runs every clock in turn.
     The break point of a clock is the first N whose inter-chunk p99 passes the
     target; the sweep goes on past it (the curve is the point of the plot) and
@@ -206,7 +232,41 @@ def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                     gone += 1
             if gone == len(clocks):
                 break
-    return {"tokens": tokens, "step_ms": step_ms, "sweep": list(sweep), "entry": entry,
-            "target_icl_p99_ms": TARGET_ICL_P99_MS,
-            "break_points": {c: broken.get(c) for c in clocks},
-            "cells": [c.as_json() for c in cells]}
+    return cadence_report(cells, broken, tokens, step_ms, sweep, clocks, entry)
+
+
+def cadence_report(cells: list[ScaleCell], broken: dict[str, int], tokens: int, step_ms: int,
+                   sweep: tuple[int, ...], clocks: tuple[str, ...], entry: str) -> Report:
+    """The sweep's cells (a part and a row each) and each clock's break point (the
+    first N off cadence, in `broken`)."""
+    figures: Figures = {"tokens": tokens, "step_ms": step_ms,
+                        "sweep": ",".join(str(n) for n in sweep), "entry": entry,
+                        "target_icl_p99_ms": TARGET_ICL_P99_MS,
+                        **{f"break_point_{c}": broken.get(c) for c in clocks}}
+    table = Table("cells", SCALE_COLUMNS, tuple(c.row() for c in cells),
+                  caption=f"{tokens} tokens per stream at a {step_ms} ms step, entering at "
+                          f"{entry} · ms and µs/token · break points (inter-chunk p99 > 30 ms): "
+                          + ", ".join(f"{c} {broken.get(c) or '-'}" for c in clocks))
+    return Report("bench scale", "cadence", story="how many paced streams keep their cadence, "
+                  "per engine clock, and where each token's CPU goes", figures=figures,
+                  tables=(table,), parts=tuple(c.report() for c in cells))
+
+
+def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
+                step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS, entry: str = "edge",
+                slow_streams: int = 0, slow_tokens: int = 20, cadence: bool = True,
+                on_cell: Callable[[ScaleCell], None] = lambda cell: None,
+                on_slow: Callable[[], None] = lambda: None) -> Report:
+    """`streamlab bench scale`: the cadence sweep (cells a and b, unless not
+    `cadence`), then cell c with `slow_streams` (0: none), each a part."""
+    if entry not in ENTRIES:
+        raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, not {entry!r}")
+    parts: list[Report] = []
+    if cadence:
+        parts.append(run_scale(lab, sweep, tokens, step_ms, clocks, on_cell, entry=entry))
+    if slow_streams:
+        from streamlab.experiments.bench.scale_slow import run_slow
+
+        on_slow()
+        parts.append(run_slow(lab, slow_streams, slow_tokens))
+    return Report("bench scale", parts=tuple(parts))

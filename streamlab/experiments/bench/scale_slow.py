@@ -10,12 +10,12 @@
                  gateway cost it nothing),
                  heartbeat lateness (each `: ping` against the one before it),
                  open file descriptors per process at the peak, CPU per token
-                 per process, and the load average. P4 asks for every stream
-                 complete, <= 30 KiB of gateway RSS per stream and heartbeat
-                 lateness p99 <= 1 s, on one gateway worker.
+                 per process, and the load average. The checks ask for every
+                 stream complete, <= 30 KiB of gateway RSS per stream and
+                 heartbeat lateness p99 <= 1 s, on one gateway worker.
 
 The caps are raised to N for the run and put back after (bench scale's
-lab_settings), the engine on its batched clock. Figures, never assertions.
+lab_settings), the engine on its batched clock. Figures judged, never asserted.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import asyncio
 import contextlib
 import os
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import psutil
 
 from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.bench.scale import PROCESSES, ProcessTreeMeter, lab_settings
+from streamlab.experiments.report import Check, Figures, Report, Table, judge
 from streamlab.lab.processes import StartError
 from streamlab.lab.target import LabTarget, pids_of
 
@@ -39,9 +39,11 @@ SLOW_STREAMS = 5000
 SLOW_TOKENS = 20
 SLOW_GAP_MS = 1000
 HEARTBEAT_S = 5.0
-# P4's bounds.
+# The cell's bounds: a slow stream's memory in the gateway, heartbeat lateness, and
+# the open-file limit per process on this lab (a stream holds a socket in each hop).
 TARGET_RSS_KIB_PER_STREAM = 30.0
-TARGET_HEARTBEAT_LATE_P99_MS = 1000.0
+TARGET_HEARTBEAT_LATE_P99_MS = 1000
+FD_LIMIT = 20_000
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -132,29 +134,49 @@ class SlowCell:
         return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
                 for name, ms in self.cpu_ms.items()}
 
-    def verdicts(self) -> dict[str, bool]:
-        """P4, item by item."""
-        late = self.load.heartbeat_late_ms.get("p99")
+    def figures(self) -> Figures:
         per_stream = self.gateway_kib_per_stream
-        return {"all_complete": self.load.completed == self.streams,
-                "rss_per_stream": per_stream is not None
-                and per_stream <= TARGET_RSS_KIB_PER_STREAM,
-                "heartbeat_late_p99": late is not None and late <= TARGET_HEARTBEAT_LATE_P99_MS}
-
-    def as_json(self) -> dict[str, Any]:
-        per_stream = self.gateway_kib_per_stream
-        return {"cell": "slow", "streams": self.streams, "tokens": self.tokens,
-                "gap_ms": SLOW_GAP_MS, "heartbeat_s": HEARTBEAT_S, **self.load.as_json(),
+        return {"streams": self.streams, "tokens": self.tokens, "gap_ms": SLOW_GAP_MS,
+                "heartbeat_s": HEARTBEAT_S, **{k: v for k, v in self.load.figures().items()
+                                               if k not in ("streams", "tokens")},
+                "tokens_received": self.load.tokens,
                 "gateway_rss_before_mib": round(self.gateway_rss_before / 2**20, 1),
                 "gateway_rss_peak_mib": round(self.peak_rss.get("gateway", 0) / 2**20, 1),
                 "gateway_streams_held": self.gateway_streams_held,
                 "gateway_kib_per_stream": None if per_stream is None else round(per_stream, 1),
-                "peak_rss_mib": {n: round(v / 2**20, 1) for n, v in self.peak_rss.items()},
-                "peak_fds": self.peak_fds, "cpu_ms": self.cpu_ms,
-                "us_per_token": self.us_per_token(), "loadavg": list(self.loadavg),
-                "targets": {"gateway_kib_per_stream": TARGET_RSS_KIB_PER_STREAM,
-                            "heartbeat_late_p99_ms": TARGET_HEARTBEAT_LATE_P99_MS},
-                "met": self.verdicts()}
+                "loadavg_1m": self.loadavg[0], "loadavg_5m": self.loadavg[1],
+                "loadavg_15m": self.loadavg[2]}
+
+    def processes(self) -> Table:
+        """Per process: open files and RSS at the peak, CPU per token."""
+        per = self.us_per_token()
+        names = list(dict.fromkeys([*self.peak_fds, *per]))
+        return Table("processes", PROCESS_COLUMNS, tuple(
+            (name, self.peak_fds.get(name),
+             round(self.peak_rss[name] / 2**20, 1) if name in self.peak_rss else None,
+             per.get(name)) for name in names),
+            caption=f"open files at the peak (the limit here: {FD_LIMIT:,} per process)")
+
+    def report(self) -> Report:
+        """The cell judged on its bounds: every stream complete, the gateway's RSS
+        per stream held, heartbeat lateness, open files per process."""
+        figures = self.figures()
+        figures.update({f"peak_fds_{name}": n for name, n in self.peak_fds.items()})
+        checks = (Check("completed", "==", self.streams, "every slow stream completes"),
+                  Check("gateway_kib_per_stream", "<=", TARGET_RSS_KIB_PER_STREAM,
+                        "the gateway holds a slow stream in at most 30 KiB"),
+                  Check("heartbeat_late_ms_p99", "<=", TARGET_HEARTBEAT_LATE_P99_MS,
+                        "heartbeats come on time, within a second at p99"),
+                  *(Check(f"peak_fds_{name}", "<", FD_LIMIT,
+                          f"{name} stays under the open-file limit")
+                    for name in self.peak_fds))
+        return Report("bench scale", "slow", story=f"{self.streams} slow streams at once "
+                      "through the full chain (1 token/s, a heartbeat every 5 s)",
+                      figures=figures, checks=judge(checks, figures),
+                      tables=(self.processes(),))
+
+
+PROCESS_COLUMNS = ("process", "open files at peak", "RSS at peak MiB", "µs CPU per token")
 
 
 def slow_cell(lab: LabTarget, streams: int = SLOW_STREAMS, tokens: int = SLOW_TOKENS,
@@ -166,7 +188,7 @@ def slow_cell(lab: LabTarget, streams: int = SLOW_STREAMS, tokens: int = SLOW_TO
     # Open every stream within half an answer: all are open together for the
     # rest. Longer answers (--slow-tokens) ramp slower: 5,000 set-ups in 10 s
     # (the 20-token default) are more than one gateway worker's loop can take
-    # on 2 cores at 2-4 ms of CPU each, which P4 (concurrency) does not ask.
+    # on 2 cores at 2-4 ms of CPU each, which the cell (concurrency) does not ask.
     ramp = ramp_s if ramp_s is not None else answer_s / 2
     host, port = lab.ports.host, lab.ports.edge_port
     warm = chat_body("warm", max_tokens=3, prefill_ms=0, token_gap_ms=20, answer_tokens=3)
@@ -192,17 +214,17 @@ def slow_cell(lab: LabTarget, streams: int = SLOW_STREAMS, tokens: int = SLOW_TO
 
 
 def run_slow(lab: LabTarget, streams: int = SLOW_STREAMS, tokens: int = SLOW_TOKENS
-             ) -> dict[str, Any]:
+             ) -> Report:
     """Cell c) with the caps raised to `streams` and the batched clock; caps put back.
     A lab still busy with the run's aftermath may miss the restart's deadline: the
     figures are kept and the failure is reported beside them."""
-    cell: dict[str, Any] = {}
+    cell: Report | None = None
     try:
         with lab_settings(lab, streams) as use_clock:
             use_clock("batched")
-            cell = slow_cell(lab, streams, tokens).as_json()
+            cell = slow_cell(lab, streams, tokens).report()
     except StartError as exc:
-        if not cell:
+        if cell is None:
             raise
-        cell["restore_error"] = str(exc)
+        cell = replace(cell, figures={**cell.figures, "restore_error": str(exc)})
     return cell

@@ -22,7 +22,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
@@ -30,6 +29,7 @@ from services.client.openai_stream import chat_body
 from services.client.silent import open_silent_reader
 from streamlab.errors import StreamlabError
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.report import Figures, Report, Table
 from streamlab.lab.target import LabTarget, pids_of
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -67,18 +67,16 @@ class ReadersRun:
     def share_generated(self) -> float:
         return self.tokens_generated / (self.clients * self.answer_tokens)
 
-    def as_json(self) -> dict[str, Any]:
-        return {"relay": self.relay, "clients": self.clients,
-                "answer_tokens": self.answer_tokens,
-                "base_rss_mb": round(self.base_rss_mb, 1),
-                "peak_rss_mb": round(self.peak_rss_mb, 1),
-                "end_rss_mb": round(self.end_rss_mb, 1),
-                "growth_mb": round(self.growth_mb, 1),
-                "tokens_generated": self.tokens_generated,
-                "share_generated": round(self.share_generated, 3),
-                "states": dict(self.states), "seconds": round(self.seconds, 1),
-                "timed_out": self.timed_out,
-                "samples": [[round(t, 2), round(mb, 1), n] for t, mb, n in self.samples]}
+    def report(self) -> Report:
+        figures: Figures = {
+            "relay": self.relay, "clients": self.clients, "answer_tokens": self.answer_tokens,
+            "base_rss_mb": round(self.base_rss_mb, 1), "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "end_rss_mb": round(self.end_rss_mb, 1), "growth_mb": round(self.growth_mb, 1),
+            "tokens_generated": self.tokens_generated,
+            "share_generated": round(self.share_generated, 3),
+            **{f"engine_{state}": n for state, n in sorted(self.states.items())},
+            "seconds": round(self.seconds, 1), "timed_out": self.timed_out}
+        return Report("bench slow-readers", self.relay, figures=figures)
 
 
 def _mb(process: psutil.Process) -> float:
@@ -144,15 +142,39 @@ def measure(lab: LabTarget, relay: str, clients: int, answer_tokens: int, timeou
     return run
 
 
+RUN_COLUMNS = ("relay", "gateway RSS before MiB", "peak MiB", "peak growth MiB",
+               "tokens generated", "of all asked", "engine states", "took s", "timed out")
+SAMPLE_COLUMNS = ("relay", "s", "gateway RSS MiB", "tokens generated")
+
+
 def compare(lab: LabTarget, clients: int, answer_tokens: int, timeout_s: float = 240.0,
-            on_sample: Callable[[ReadersRun], None] = lambda run: None) -> dict[str, Any]:
-    runs = [measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
-            for relay in RELAYS]
+            on_sample: Callable[[ReadersRun], None] = lambda run: None) -> Report:
+    """Both relays, one after the other: a part and a row each, their samples (a
+    table, for the plot) and how much more the detached one cost (readers_report)."""
+    return readers_report([measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
+                           for relay in RELAYS], clients, answer_tokens)
+
+
+def readers_report(runs: list[ReadersRun], clients: int, answer_tokens: int) -> Report:
     direct, detached = runs
-    return {
+    figures: Figures = {
         "clients": clients, "answer_tokens": answer_tokens,
-        "runs": [run.as_json() for run in runs],
         # Side by side, same run: how much more the anti-pattern costs.
         "growth_ratio": round(detached.growth_mb / max(direct.growth_mb, 0.1), 1),
-        "tokens_ratio": round(detached.tokens_generated / max(direct.tokens_generated, 1), 1),
-    }
+        "tokens_ratio": round(detached.tokens_generated / max(direct.tokens_generated, 1), 1)}
+    rows = tuple((r.relay, round(r.base_rss_mb), round(r.peak_rss_mb), round(r.growth_mb, 1),
+                  r.tokens_generated, round(r.share_generated, 3),
+                  ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())),
+                  round(r.seconds), r.timed_out) for r in runs)
+    samples = tuple((r.relay, round(t, 2), round(mb, 1), n) for r in runs
+                    for t, mb, n in r.samples)
+    return Report(
+        "bench slow-readers", story=f"{clients} silent readers, {answer_tokens} tokens asked "
+        "each: the detached relay generates for nobody and holds it in memory",
+        figures=figures,
+        tables=(Table("runs", RUN_COLUMNS, rows,
+                      caption=f"detached / direct: {figures['growth_ratio']}x the memory, "
+                              f"{figures['tokens_ratio']}x the tokens"),
+                Table("samples", SAMPLE_COLUMNS, samples,
+                      caption="the gateway's RSS and the tokens generated over time")),
+        parts=tuple(r.report() for r in runs))

@@ -26,9 +26,8 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import httpx
 import psutil
@@ -41,6 +40,7 @@ from services.client.ws_stream import ws_chat
 from services.engine.backends.fake import token_text
 from streamlab.experiments.bench.probes import CpuMeter, CpuReading, WireMeter, cpu_ms
 from streamlab.experiments.bench.stats import summary
+from streamlab.experiments.report import Figure, Figures, Report, Table
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget, pid_or_none
 
@@ -109,32 +109,95 @@ class TransportResult:
 
 
 @dataclass
-class TransportsReport:
+class TransportsRun:
+    """What one run of the bench measured (`report` turns it into the one Report)."""
+
     timing: Timing
     repetitions: int
     transports: list[TransportResult]
     gzip: bool = False
     started_at: str = ""
-    machine: dict[str, Any] = field(default_factory=dict)
+    machine: Figures = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "kind": "transports",
-            "started_at": self.started_at,
-            "machine": self.machine,
-            "timing": self.timing.fake_model(),
-            "model_token_times_ms": [t * 1000 for t in self.timing.model_token_times_s()],
-            "repetitions": self.repetitions,
-            "gzip": self.gzip,
-            "transports": [
-                {"name": t.name, "wire_proxy": t.proxy, "summary": t.summary(),
-                 "runs": [{**asdict(x), "bytes_per_token": x.bytes_per_token,
-                           "cpu_us_per_token": x.cpu_us_per_token,
-                           "nginx_cpu_us_per_token": x.nginx_cpu_us_per_token}
-                          for x in t.samples]}
-                for t in self.transports
-            ],
-        }
+
+TRANSPORT_COLUMNS = ("transport", "TTFT ms", "±", "total ms", "±", "requests", "tokens",
+                     "bytes up", "bytes down", "B/token", "gw CPU ms", "CPU µs/token",
+                     "nginx µs/token", "failed")
+# The median run's arrival time of each token, per lane ("model": the model's own).
+ARRIVAL_COLUMNS = ("lane", "token", "ms")
+
+
+def _half_spread(stat: dict[str, float | None]) -> float | None:
+    low, high = stat["min"], stat["max"]
+    return None if low is None or high is None or high <= low else round((high - low) / 2, 1)
+
+
+def _median(stat: dict[str, float | None], digits: int = 1) -> float | None:
+    value = stat["median"]
+    return None if value is None else round(value, digits)
+
+
+def _transport_row(t: TransportResult) -> tuple[Figure, ...]:
+    s = t.summary()
+    failed = sum(1 for x in t.samples if not x.done or not x.in_order)
+    return (t.name, _median(s["ttft_ms"], 0), _half_spread(s["ttft_ms"]),
+            _median(s["total_ms"], 0), _half_spread(s["total_ms"]), _median(s["requests"], 0),
+            _median(s["tokens"], 0), _median(s["bytes_up"], 0), _median(s["bytes_down"], 0),
+            _median(s["bytes_per_token"], 0), _median(s["gateway_cpu_ms"]),
+            _median(s["cpu_us_per_token"], 0), _median(s["nginx_cpu_us_per_token"], 0), failed)
+
+
+def _run_figures(x: Sample) -> Figures:
+    return {"ttft_ms": x.ttft_ms, "total_ms": x.total_ms, "requests": x.requests,
+            "tokens": x.tokens, "bytes_up": x.bytes_up, "bytes_down": x.bytes_down,
+            "bytes_per_token": x.bytes_per_token, "gateway_cpu_ms": x.gateway_cpu_ms,
+            "engine_cpu_ms": x.engine_cpu_ms, "nginx_cpu_ms": x.nginx_cpu_ms,
+            "cpu_us_per_token": x.cpu_us_per_token,
+            "nginx_cpu_us_per_token": x.nginx_cpu_us_per_token, "done": x.done,
+            "error": x.error, "in_order": x.in_order}
+
+
+def _transport_part(t: TransportResult) -> Report:
+    """One transport: its medians as figures, each run a part of its own."""
+    figures: Figures = {"wire_proxy": t.proxy}
+    for name, stat in t.summary().items():
+        figures[f"{name}_median"] = stat["median"]
+    runs = tuple(Report("bench transports", f"{t.name} · run {i + 1}", figures=_run_figures(x))
+                 for i, x in enumerate(t.samples))
+    return Report("bench transports", t.name, figures=figures, parts=runs)
+
+
+def _median_run(t: TransportResult) -> Sample | None:
+    done = sorted((x for x in t.samples if x.done), key=lambda x: x.total_ms)
+    return done[len(done) // 2] if done else None
+
+
+def report(run: TransportsRun) -> Report:
+    """Every transport side by side: a row and a part each; the median run's token
+    arrivals (a table) for the timeline plot."""
+    timing = run.timing
+    figures: Figures = {"tokens": timing.tokens, "gap_ms": timing.gap_ms,
+                        "prefill_ms": timing.prefill_ms, "repetitions": run.repetitions,
+                        "gzip": run.gzip, "started_at": run.started_at, **run.machine}
+    arrivals: list[tuple[Figure, ...]] = [
+        ("model", i, round(t * 1000, 2)) for i, t in enumerate(timing.model_token_times_s())]
+    for t in run.transports:
+        median = _median_run(t)
+        arrivals += [(t.name, i, round(ms, 2))
+                     for i, ms in enumerate(median.token_times_ms if median else [])]
+    costs = Table(
+        "transports", TRANSPORT_COLUMNS, tuple(_transport_row(t) for t in run.transports),
+        caption=f"{timing.tokens} tokens, {timing.gap_ms} ms apart · median of "
+                f"{run.repetitions} (± half the range)" + (" · gzip" if run.gzip else "")
+                + " · bytes: Toxiproxy's count on the edge proxy (TLS rows: edge-h2; gRPC: "
+                  "the engine proxy); CPU: the gateway process, nginx's workers (kernel "
+                  "accounting). Absolute times vary by machine.")
+    return Report("bench transports", story="every transport side by side, same model",
+                  figures=figures,
+                  tables=(costs, Table("arrivals", ARRIVAL_COLUMNS, tuple(arrivals),
+                                       caption="the median run's token arrivals, ms since "
+                                               "the request")),
+                  parts=tuple(_transport_part(t) for t in run.transports))
 
 
 # SSE over each wire: (client, HTTP version, TLS). "sse" is httpx over HTTP/1.1 in the clear.
@@ -160,7 +223,7 @@ def wire_proxy(name: str) -> str:
     return "edge-h2" if name in SSE_WIRES and SSE_WIRES[name][2] else "edge"
 
 
-async def curl_sse(url: str, body: dict[str, Any], http_version: str, cacert: str | None,
+async def curl_sse(url: str, body: Mapping[str, object], http_version: str, cacert: str | None,
                    gzip: bool) -> TransportRun:
     """curl -N (`--http1.1` or `--http2`), its output read line by line as it
     streams: TTFT includes starting curl (a few ms), as it does for a user."""
@@ -293,13 +356,13 @@ def run_transports(
     intervals_ms: list[int],
     gzip: bool = False,
     on_run: Callable[[str, int], None] = lambda name, rep: None,
-) -> TransportsReport:
+) -> Report:
     """Interleave transports within each repetition, so a burst of load on the
     shared machine spreads over all of them instead of hitting one."""
     # A lab without the HTTP/2 edge (compose started without certificates): no TLS rows.
     names = transport_names(intervals_ms, h2=lab.h2_ready())
     results = {name: TransportResult(name, wire_proxy(name)) for name in names}
-    report = TransportsReport(
+    run = TransportsRun(
         timing, repetitions, list(results.values()), gzip,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine={"python": platform.python_version(), "cpus": _cpus(),
@@ -316,7 +379,7 @@ def run_transports(
         for name in names:
             on_run(name, rep)
             results[name].samples.append(measure(name, lab, timing, gzip))
-    return report
+    return report(run)
 
 
 def _cpus() -> int:

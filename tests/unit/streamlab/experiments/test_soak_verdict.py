@@ -7,14 +7,18 @@ from dataclasses import replace
 
 import pytest
 
+from streamlab.experiments.report import judge
 from streamlab.experiments.soak_verdict import (
+    BROKEN,
     CHECKS,
     SELF_TEST,
     Fault,
     SoakRun,
     StreamRun,
     figures,
-    judge,
+    report,
+    self_test_part,
+    self_test_report,
 )
 
 
@@ -46,7 +50,7 @@ def clean_run() -> SoakRun:
 
 
 def failed(run: SoakRun) -> set[str]:
-    return {c.check.figure for c in judge(figures(run)) if not c.holds}
+    return {c.check.figure for c in judge(CHECKS, figures(run)) if not c.holds}
 
 
 def test_a_clean_run_passes_every_check() -> None:
@@ -115,3 +119,41 @@ def test_every_broken_thing_names_checks_that_exist() -> None:
     names = {check.figure for check in CHECKS}
     for thing in SELF_TEST:
         assert set(thing.guarded_by) <= names, thing.name
+
+
+def test_the_report_is_the_one_judge_on_the_runs_figures() -> None:
+    clean = report(clean_run(), {})
+    assert clean.as_expected
+    assert [c.check for c in clean.checks] == list(CHECKS)
+    broken_run = clean_run()
+    # Cut by the reset (no survivor): only the corrupt check fails on it.
+    broken_run.streams[7] = stream(7, "full", "corrupt", 5, 6)
+    broken = report(broken_run, {"relay": "detached_unbounded"}, variant="corrupting")
+    assert not broken.as_expected
+    assert [c.check.figure for c in broken.failures] == ["corrupt"]
+    assert broken.figures["knobs"] == "relay=detached_unbounded"
+    assert broken.as_json()["verdict"] == "UNEXPECTED"
+
+
+def test_the_self_test_passes_only_when_each_broken_thing_fails_its_own_checks() -> None:
+    thing = BROKEN["engine_errors=swallow"]  # guarded by `corrupt`
+    corrupted = clean_run()
+    corrupted.streams[7] = stream(7, "full", "corrupt", 5, 6)
+    caught = self_test_part(thing, report(corrupted, thing.knobs, variant=thing.name))
+    assert caught.as_expected
+    assert caught.discriminates
+    assert caught.figures["check_corrupt_holds"] is False
+    # The soak failed, but not on the check that guards against this thing: not caught.
+    hung = clean_run()
+    hung.streams[7] = stream(7, "full", "hang", 5, 6)
+    missed = self_test_part(thing, report(hung, thing.knobs, variant=thing.name))
+    assert not missed.as_expected
+    assert [c.check.figure for c in missed.failures] == ["check_corrupt_holds"]
+
+    lab_as_is = report(clean_run(), {})
+    whole = self_test_report([caught, lab_as_is])
+    assert whole.as_expected
+    (table,) = whole.tables
+    assert table.rows == (("engine_errors=swallow", "corrupt", "corrupt", "as expected"),
+                          ("(none: the lab as it is)", "nothing", "nothing", "as expected"))
+    assert not self_test_report([missed, lab_as_is]).as_expected
