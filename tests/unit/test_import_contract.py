@@ -1,6 +1,7 @@
 """The import contract ([tool.importlinter] in pyproject.toml) holds, and would
 catch a crossing: a copy of the three packages with a service module that
-imports the lab tool, or a resume store module that imports what holds it,
+imports the lab tool, a resume store module that imports what holds it, a lab
+module that imports an experiment or an experiment that imports a command,
 fails `lint-imports`, naming the import."""
 
 from __future__ import annotations
@@ -62,8 +63,16 @@ def test_the_tree_as_it_is_keeps_the_contract(project: Path) -> None:
     ("services/gateway/resume/crossing.py", "from services.gateway import lease\n",
      "The gateway's resume store imports nothing that holds or serves it",
      "services.gateway.resume.crossing -> services.gateway.lease"),
+    # Inside the lab tool: the lab below the experiments below the commands.
+    ("streamlab/lab/crossing.py", "from streamlab.experiments import report\n",
+     "Bringing a lab up knows nothing of the experiments run on it",
+     "streamlab.lab.crossing -> streamlab.experiments.report"),
+    ("streamlab/experiments/crossing.py", "from streamlab.commands import scenario\n",
+     "Experiments know nothing of the command line",
+     "streamlab.experiments.crossing -> streamlab.commands.scenario"),
 ], ids=["service-imports-the-lab-tool", "gateway-imports-the-engine",
-        "resume-store-imports-the-state-for-types", "resume-store-imports-the-lease"])
+        "resume-store-imports-the-state-for-types", "resume-store-imports-the-lease",
+        "lab-imports-an-experiment", "experiment-imports-a-command"])
 def test_a_crossing_breaks_the_contract_and_is_named(
     project: Path, module: str, source: str, contract: str, crossing: str
 ) -> None:
