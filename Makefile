@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .PHONY: install up down status test lint typecheck protos check-protos unit integration clean \
-	test-compose compose-config
+	test-compose compose-config toxiproxy-regression
 
 install:
 	@bash scripts/install.sh
@@ -51,6 +51,13 @@ integration: install
 # brings the project up on free ports, always takes it down). See docs/compose.md.
 test-compose: install
 	@bash scripts/compose_test.sh $(PYTEST_ARGS)
+
+# The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
+# passes on the patched source and hangs (fails on its deadline) on the
+# unpatched one, which is what shows the test sees the wedge.
+toxiproxy-regression:
+	bash scripts/build_toxiproxy.sh --test
+	bash scripts/build_toxiproxy.sh --show-wedge
 
 # Regenerate the compose lab's Toxiproxy and nginx configs from lab.env.
 compose-config:

@@ -4,7 +4,8 @@
 #
 #   PYTHON_IMAGE=localhost/streamlab-base-python:bookworm      (for python:3.12-slim)
 #   NGINX_IMAGE=localhost/streamlab-base-nginx:bookworm        (for nginx:1.27)
-#   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0 (for ghcr.io/shopify/toxiproxy)
+#   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0-<patch> (for ghcr.io/shopify/toxiproxy;
+#     the lab's patched build, scripts/build_toxiproxy.sh)
 #
 # Each one is built only when podman does not have it yet (delete one with
 # `podman rmi` to rebuild it). Needs root, podman and debootstrap; called by
@@ -17,7 +18,10 @@ TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.12.0}"
 SUITE=bookworm
 PYTHON_BASE="localhost/streamlab-base-python:$SUITE"
 NGINX_BASE="localhost/streamlab-base-nginx:$SUITE"
-TOXIPROXY_BASE="localhost/streamlab-base-toxiproxy:$TOXIPROXY_VERSION"
+# Tagged with the patch's hash, so an image of an older (or unpatched) build is
+# never reused.
+TOXIPROXY_PATCH=$(cat proxies/toxiproxy/patches/* | sha256sum | cut -c1-12)
+TOXIPROXY_BASE="localhost/streamlab-base-toxiproxy:$TOXIPROXY_VERSION-$TOXIPROXY_PATCH"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -73,23 +77,11 @@ EOF
   rmdir "$empty"
 }
 
-static() { [ -x "$1" ] && ! ldd "$1" >/dev/null 2>&1; }
-
 build_toxiproxy_base() {
-  # scripts/install.sh builds static binaries; a checkout whose .tools/bin
-  # predates that gets a static pair of its own in .tools/static.
+  # The lab's patched static binaries (scripts/build_toxiproxy.sh; make up and
+  # make test have built them already, this only checks).
   local bin=.tools/bin
-  static "$bin/toxiproxy-server" && static "$bin/toxiproxy-cli" || bin=.tools/static
-  if ! static "$bin/toxiproxy-server" || ! static "$bin/toxiproxy-cli"; then
-    say "building static Toxiproxy $TOXIPROXY_VERSION (CGO_ENABLED=0 go install)"
-    mkdir -p "$bin/gobin"
-    # Static binaries: the image, like the official one, is FROM scratch (no libc).
-    CGO_ENABLED=0 GOBIN="$PWD/$bin/gobin" go install -trimpath \
-      "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" \
-      "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXIPROXY_VERSION"
-    mv "$bin/gobin/server" "$bin/toxiproxy-server"
-    mv "$bin/gobin/cli" "$bin/toxiproxy-cli"
-  fi
+  bash scripts/build_toxiproxy.sh >&2
   say "building $TOXIPROXY_BASE (FROM scratch, the official image's layout)"
   podman build -q -t "$TOXIPROXY_BASE" -f - "$bin" >/dev/null <<'EOF'
 FROM scratch

@@ -4,7 +4,8 @@
 #     tools: pip install -e '.[dev,lab,plot]' (Python packages from PyPI)
 #   - nginx and redis-server from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
-#   - Toxiproxy's server and CLI via `go install`, as .tools/bin/toxiproxy-{server,cli}
+#   - Toxiproxy's server and CLI, built from the pinned module source with the
+#     lab's patch (scripts/build_toxiproxy.sh), as .tools/bin/toxiproxy-{server,cli}
 #   - with STREAMLAB_WITH_HF=1 only: the `hf` extra (torch, transformers) for the
 #     transformers backend. PyPI's Linux x86_64 torch pulls the CUDA libraries
 #     (~5 GB installed, ~4 min here); the default lab never needs them. CI sets it.
@@ -96,19 +97,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-# --- Toxiproxy --------------------------------------------------------------
-if [ ! -x .tools/bin/toxiproxy-server ] || [ ! -x .tools/bin/toxiproxy-cli ]; then
-  if ! command -v go >/dev/null 2>&1; then
-    echo "Toxiproxy is built with Go, which is missing. Install Go (>= 1.22), then run" >&2
-    echo "  go install github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" >&2
-    exit 1
-  fi
-  say "building Toxiproxy $TOXIPROXY_VERSION (go install)"
-  mkdir -p .tools/gobin .tools/bin
-  # CGO_ENABLED=0: static binaries, which the compose lab's local Toxiproxy
-  # image (FROM scratch, scripts/compose_images.sh) reuses without a rebuild.
-  CGO_ENABLED=0 GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
-  CGO_ENABLED=0 GOBIN="$PWD/.tools/gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXIPROXY_VERSION"
-  mv .tools/gobin/server .tools/bin/toxiproxy-server
-  mv .tools/gobin/cli .tools/bin/toxiproxy-cli
-fi
+# --- Toxiproxy ---------------------------------------------------------------
+# Built from the pinned module's source with the lab's patch (a control API that
+# cannot wedge on a blocked reader): scripts/build_toxiproxy.sh says why.
+TOXIPROXY_VERSION="$TOXIPROXY_VERSION" bash scripts/build_toxiproxy.sh
