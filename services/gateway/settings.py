@@ -178,7 +178,7 @@ class GatewaySettings(BaseSettings):
     # the replica that owns one is lost (killed, or drained for a restart) let
     # the replica a client reads on take it over and re-attach to the engine's
     # generation from the last token the shared log holds, so nothing is lost.
-    # False is the broken case the lab contrasts (issue 16's `replica-loss`):
+    # False is the broken case the `replica-loss` scenario contrasts:
     # a lost owner ends its streams `cancelled` {"reason": "owner_lost"}, and a
     # drain cancels them (`server_draining`).
     reattach: bool = True

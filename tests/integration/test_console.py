@@ -1,5 +1,5 @@
 """The lab console in a real browser: Debian's chromium, headless, over the
-DevTools protocol (tests/integration/browser.py), against the console that
+DevTools protocol (streamlab/experiments/browser.py), against the console that
 `Lab.up()` starts beside the lab.
 
 The page streams from the edge (another origin: nginx's CORS for the

@@ -35,7 +35,8 @@ TOLERANCE_S = 0.5
 # the checks are the same, the suite's time is not (docs/scenarios.md).
 LOAD_SCALE = 0.15
 # reconnect-storm at a CI size: 100 live streams instead of 500 (same ramp and
-# cut, so the same ratios; the issue's figures come from the full-size CLI run).
+# cut, so the same ratios; the 500-stream figures in docs/scenarios.md come from
+# the full-size CLI run).
 CI_STORM_STREAMS = 100
 # Figures counted in the services' log files: only a lab with the `logs`
 # capability has them (the compose lab's services log to their containers).

@@ -3,7 +3,7 @@ would hand to its thread pool.
 
 A plain `def` dependency (or endpoint) is run by FastAPI through anyio's worker
 threads, one hop per request. `gateway_state` was one: profiling 2,500 stream
-set-ups at once (docs/profile-gateway-2500-slow-streams.txt) found 4.4 s of
+set-ups at once (docs/results/profile-gateway-2500-slow-streams.txt) found 4.4 s of
 57 in that hop, and set-ups queued behind it past the engine's accept deadline
 (504). The gateway's work per request is all non-blocking, so nothing needs
 the pool."""

@@ -2,7 +2,7 @@
 bursts of thousands of new streams, and no access-log line per response unless
 asked (nginx in front logs every request; at 2,500 set-ups at once the
 gateway's own lines cost its one worker 1.9 s of 57 on the 504s alone,
-docs/profile-gateway-2500-slow-streams.txt)."""
+docs/results/profile-gateway-2500-slow-streams.txt)."""
 
 from __future__ import annotations
 
