@@ -106,9 +106,8 @@ def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
     found = shutil.which(binary)
     if found is None:
         raise FileNotFoundError(
-            f"{binary} is not installed. Run `make up` (builds it), or: go install "
-            "github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0 and put it on PATH as "
-            f"{binary}"
+            f"{binary} is not installed. Run `make up` or scripts/build_toxiproxy.sh "
+            "(builds the lab's patched Toxiproxy into .tools/bin)"
         )
     return found
 

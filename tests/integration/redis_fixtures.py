@@ -7,7 +7,6 @@ at the end (and whatever had started is stopped if a later start fails).
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -22,12 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab.lab import processes
 from streamlab.lab.endpoints import engine_stats
-from streamlab.lab.local import find_toxiproxy
 from streamlab.lab.processes import ServiceSpec
 from streamlab.lab.topology import REPO_ROOT
 from streamlab.lab.toxiproxy import Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, free_ports
+from tests.integration.toxiproxy_process import own_toxiproxy
 
 REDIS_SERVER = Path("/usr/bin/redis-server")
 
@@ -94,22 +93,9 @@ class StoreHop:
 
 @pytest.fixture
 def store_hop(redis_server: RedisServer, tmp_path: Path) -> Iterator[StoreHop]:
-    api_port, listen_port = free_ports(2)
-    config = tmp_path / "store-hop.json"
-    config.write_text(json.dumps([{"name": "store", "listen": f"127.0.0.1:{listen_port}",
-                                   "upstream": f"127.0.0.1:{redis_server.port}",
-                                   "enabled": True}]))
-    api = f"http://127.0.0.1:{api_port}"
-    spec = ServiceSpec("toxiproxy-store", [find_toxiproxy(), "-host", "127.0.0.1",
-                                           "-port", str(api_port), "-config", str(config)],
-                       ready=lambda: httpx.get(f"{api}/version", timeout=1.0).status_code == 200)
-    running = processes.start(spec, tmp_path / "store-hop")
-    try:
-        processes.wait_ready(running)
-        with Toxiproxy(api) as toxiproxy:
-            yield StoreHop(f"redis://127.0.0.1:{listen_port}/0", toxiproxy)
-    finally:
-        processes.stop(running, grace_s=5.0)
+    with own_toxiproxy({"store": redis_server.port}, tmp_path / "store-hop") as hop, \
+            Toxiproxy(hop.api) as toxiproxy:
+        yield StoreHop(f"redis://127.0.0.1:{hop.listen['store']}/0", toxiproxy)
 
 
 def engine_serving(target: str) -> bool:

@@ -14,7 +14,6 @@ the unpatched source (Go's test beside the patch).
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -22,14 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
-from streamlab.lab import processes
-from streamlab.lab.local import find_toxiproxy
-from streamlab.lab.processes import ServiceSpec
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
-from tests.integration.conftest import free_ports
+from tests.integration.toxiproxy_process import own_toxiproxy
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -86,21 +81,8 @@ def pattern_server() -> Iterator[PatternServer]:
 @pytest.fixture
 def stalled_hop(pattern_server: PatternServer, tmp_path: Path) -> Iterator[tuple[str, int]]:
     """The lab's Toxiproxy binary with one proxy `stalled` in front of the pattern server."""
-    api_port, listen_port = free_ports(2)
-    config = tmp_path / "stalled.json"
-    config.write_text(json.dumps([{"name": "stalled", "listen": f"127.0.0.1:{listen_port}",
-                                   "upstream": f"127.0.0.1:{pattern_server.port}",
-                                   "enabled": True}]))
-    api = f"http://127.0.0.1:{api_port}"
-    spec = ServiceSpec("toxiproxy-stalled", [find_toxiproxy(), "-host", "127.0.0.1",
-                                             "-port", str(api_port), "-config", str(config)],
-                       ready=lambda: httpx.get(f"{api}/version", timeout=1.0).status_code == 200)
-    running = processes.start(spec, tmp_path / "toxiproxy")
-    try:
-        processes.wait_ready(running)
-        yield api, listen_port
-    finally:
-        processes.stop(running, grace_s=5.0)
+    with own_toxiproxy({"stalled": pattern_server.port}, tmp_path / "toxiproxy") as hop:
+        yield hop.api, hop.listen["stalled"]
 
 
 def stalled_reader(port: int) -> socket.socket:
