@@ -4,7 +4,8 @@
 #
 # Why a patch: upstream Toxiproxy wedges its control API when a toxic is added,
 # removed or reset on a proxy while one of its links is blocked writing to a
-# reader that stopped reading (upstream issue 558, open; the lab's slow-reader
+# reader that stopped reading (upstream report "Toxiproxy control port hangs on
+# removing a toxic", still open; the lab's slow-reader
 # scenarios make exactly such readers). The last toxic on the link sits in a
 # send that no interrupt reaches, the collection's lock stays held, and every
 # later API call on that proxy hangs (the API answers 503 after its timeout).

@@ -5,7 +5,8 @@ file), puts back the toxics it held when last seen healthy, and says so.
     health      ok       /version and /proxies answer
                 wedged   /version answers, /proxies does not (in time): a
                          proxy's lock is held by a toxic change that waits on
-                         a blocked link (upstream issue 558)
+                         a blocked link (upstream report "control port
+                         hangs on removing a toxic")
                 down     /version does not answer either (killed, stopped)
 
 The lab's Toxiproxy is built with a patch against the known wedge

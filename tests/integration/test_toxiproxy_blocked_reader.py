@@ -3,7 +3,8 @@
 Upstream Toxiproxy wedges its control API for good when a toxic is added,
 changed or removed on a proxy whose link is blocked writing to a reader that
 stopped: the link's last toxic sits in a send no interrupt reaches, holding
-the proxy's lock (upstream issue 558). The lab makes such readers on purpose
+the proxy's lock (upstream's open report "Toxiproxy control port hangs on
+removing a toxic"). The lab makes such readers on purpose
 (the slow-reader scenarios, the soak's stalled clients), so one catalogue run
 could leave the edge unusable until the lab restarted. The lab builds
 Toxiproxy with its own patch (scripts/build_toxiproxy.sh); this test runs the

@@ -1,5 +1,5 @@
 // Regression test for the control API wedging while a link's writer is
-// blocked (upstream Toxiproxy issue 558): a client that stops reading fills
+// blocked (upstream report "control port hangs on removing a toxic", still open): a client that stops reading fills
 // its socket, the last toxic on the link blocks forever in `Output <- chunk`,
 // and adding, removing or resetting a toxic on that proxy waits for the
 // toxic to take an interrupt it can no longer see, holding the collection's
