@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from openai.types.responses import (
@@ -39,8 +39,9 @@ def sdk(lab: Lab) -> Iterator[openai.OpenAI]:
     # before a request cuts that request's connection.
     # Uncompressed (nginx gzips event streams), so a toxic's byte count lands
     # where the test says.
-    http = httpx.Client(timeout=15.0, limits=httpx.Limits(max_keepalive_connections=0),
-                        headers={"Accept-Encoding": "identity"})
+    http = openai.DefaultHttpxClient(timeout=15.0,
+                                     limits=httpx2.Limits(max_keepalive_connections=0),
+                                     headers={"Accept-Encoding": "identity"})
     client = openai.OpenAI(base_url=f"{lab.edge_url}/v1", api_key="sk-unused",
                            max_retries=0, http_client=http)
     try:
@@ -60,7 +61,7 @@ def read(events: Any, into: list[ResponseStreamEvent]) -> BaseException | None:
     try:
         for event in events:
             into.append(event)
-    except (httpx.HTTPError, openai.APIError) as cut:
+    except (httpx2.HTTPError, openai.APIError) as cut:
         return cut
     return None
 
