@@ -21,10 +21,12 @@ from openai.types.responses import (
 )
 
 from services.engine.backends.fake import token_text
+from streamlab.lab import processes
 from streamlab.lab.local import Lab
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration.engine_probe import wait_for_generation_end, wait_for_generation_start
+from tests.integration.redis_fixtures import RedisServer, StartReplicas
 
 pytestmark = pytest.mark.integration
 MODEL = "streamlab-fake"
@@ -162,3 +164,46 @@ def test_unsupported_parameters_are_the_sdk_s_bad_request(sdk: openai.OpenAI) ->
                              tools=[{"type": "function", "name": "f", "parameters": {},
                                      "strict": False}])
     assert refused.value.param == "tools"
+
+
+def client_of(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-unused", max_retries=0,
+                         timeout=25.0)
+
+
+def test_a_background_response_resumes_on_another_replica_after_its_owner_is_killed(
+        redis_server: RedisServer, start_replicas: StartReplicas) -> None:
+    """Two gateways sharing the Redis resume log: the owner is SIGKILLed under
+    a live background stream; the other one takes the generation over (the
+    engine's, re-attached) and the SDK's resume there gets every delta once."""
+    replicas = start_replicas(redis_server.url, STREAMLAB_GATEWAY_REDIS_TIMEOUT_S="1",
+                              STREAMLAB_GATEWAY_REDIS_FOLLOWER_TTL_S="1.5")
+    tokens = 120  # 3 s of tokens: still running when the takeover comes
+    on_a, on_b = client_of(replicas.gateways["a"]), client_of(replicas.gateways["b"])
+    first: list[ResponseStreamEvent] = []
+    stream = on_a.responses.create(model=MODEL, input="survive me", background=True,
+                                   stream=True,
+                                   extra_body=timing(token_gap_ms=25, answer_tokens=tokens))
+    for event in stream:
+        first.append(event)
+        if sum(isinstance(e, ResponseTextDeltaEvent) for e in first) >= 10:
+            break
+    processes.stop(replicas.processes["a"], grace_s=0)  # SIGKILL
+    stream.close()
+    assert isinstance(first[0], ResponseCreatedEvent)
+    response_id = first[0].response.id
+
+    rest: list[ResponseStreamEvent] = []
+    resumed = on_b.responses.retrieve(response_id, stream=True,
+                                      starting_after=first[-1].sequence_number)
+    assert read(resumed, rest) is None
+    events = first + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
+    assert text == "".join(token_text(i) for i in range(tokens))
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    records = list(replicas.stats(response_id.removeprefix("resp_")).generations)
+    assert [(r.state, r.tokens_generated) for r in records] == [
+        (pb.GENERATION_STATE_COMPLETED, tokens)], "one generation, re-attached, not rerun"
+    on_a.close()
+    on_b.close()
