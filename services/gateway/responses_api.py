@@ -132,7 +132,7 @@ class CreateResponseRequest(BaseModel):
             "max_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "streamlab": self.streamlab.model_dump() if self.streamlab else None,
+            "streamlab": self.streamlab,
         })
 
     def echo(self) -> Echo:

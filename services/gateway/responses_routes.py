@@ -28,6 +28,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
+from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS, StreamlabOptions, usage_dict
@@ -150,6 +151,7 @@ async def _live(events: AsyncIterator[EngineEvent], writer: ResponseWriter
 async def _create_background(body: CreateResponseRequest, request: Request,
                              gateway: GatewayState) -> Response:
     store, settings = gateway.streams, gateway.settings
+    gateway.connect_rate.admit()
     stream_id = store.new_id()  # also the engine's request id
     # The same admission and caps as /v1/streams: the generation holds its
     # slot until it ends, and is detachable where the store is shared, so
@@ -170,8 +172,7 @@ async def _create_background(body: CreateResponseRequest, request: Request,
     _remember(request, stream_id, echo)
     writer = ResponseWriter(stream_id, settings.model_name, int(time.time()), echo)
     headers = {"X-Request-Id": stream_id}
-    if not body.stream:
-        writer.opening()
+    if not body.stream:  # queued behind nothing: running, no output yet
         return JSONResponse(writer.response(), headers=headers)
     found = await store.find(stream_id, gateway.identity(request))
     return _replay_response(gateway, found, writer, None, headers)
@@ -271,10 +272,23 @@ async def retrieve_response(
     starting_after: int | None = Query(None, ge=0),
     include_obfuscation: bool | None = None,  # never obfuscated here: nothing to turn off
 ) -> Response:
+    store = gateway.streams
+    stream_id = stream_id_of(response_id)
+    if stream and gateway.drain.draining and store.local(stream_id) is None:
+        # As on /v1/streams: a draining gateway takes on no stream it does not
+        # run (it would take it over, then cancel it on exit). The 503 comes
+        # before any byte, so nginx retries the GET on another gateway.
+        raise GatewayError(503, DRAINING, "gateway is draining for a restart; retry shortly",
+                           headers={"Retry-After": str(gateway.settings.retry_after_s)})
+    if stream:
+        # A reconnect storm: resumes first, as on /v1/streams.
+        gateway.connect_rate.admit(force=starting_after is not None
+                                   and gateway.settings.resume_admission == "first")
     found, writer = await _found(request, gateway, response_id)
     headers = {"X-Request-Id": found.id}
     if not stream:
         return JSONResponse(await _snapshot(gateway, found, writer), headers=headers)
+    store.metrics.connections.labels("fresh" if starting_after is None else "complete").inc()
     return _replay_response(gateway, found, writer, starting_after, headers)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from services.gateway.responses_api import Echo, ResponseWriter
 from tests.unit.gateway.inprocess import leave_midway, running, until
 from tests.unit.gateway.scripted_engine import Script, ScriptedEngine
 
@@ -66,6 +67,7 @@ async def test_input_messages_and_instructions_reach_the_engine_as_chat_turns() 
     async with running() as lab:
         reply = await lab.http.post("/v1/responses", json={
             "instructions": "be brief", "max_output_tokens": 9,
+            "streamlab": {"token_gap_ms": 3, "answer_tokens": 5},
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"},
                                                    {"type": "input_text", "text": "b"}]}]})
         request = lab.engine.last.request
@@ -78,6 +80,7 @@ async def test_input_messages_and_instructions_reach_the_engine_as_chat_turns() 
     assert [(m.role, m.content) for m in request.messages] == [("system", "be brief"),
                                                                ("user", "a\nb")]
     assert request.max_tokens == 9
+    assert (request.timing.token_gap_ms, request.timing.answer_tokens) == (3, 5)
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -193,3 +196,18 @@ async def test_a_negative_starting_after_is_refused() -> None:
                                    params={"stream": "true", "starting_after": -1})
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "starting_after"
+
+
+def test_a_length_cut_ends_incomplete_with_the_sdk_s_reason() -> None:
+    writer = ResponseWriter("abc", "m", 0, Echo(max_output_tokens=1))
+    opening = writer.opening()
+    delta = writer.delta("x")
+    closing = writer.completed("length", {"prompt_tokens": 2, "completion_tokens": 1})
+    events = [strict(e.data) for e in [*opening, delta, *closing]]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    end = events[-1]
+    assert end.type == "response.incomplete"
+    assert end.response.status == "incomplete"
+    assert end.response.incomplete_details.reason == "max_output_tokens"
+    assert end.response.output_text == "x"
+    assert end.response.usage.total_tokens == 3
