@@ -31,6 +31,7 @@ from sse_starlette import ServerSentEvent
 from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import EngineError, GatewayError
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import FINISH_REASONS, StreamlabOptions, usage_dict
 from services.gateway.openai_routes import request_id_for, until_disconnected
 from services.gateway.responses_api import (
@@ -100,7 +101,7 @@ async def create_response(body: CreateResponseRequest, request: Request,
     options = body.streamlab or StreamlabOptions()
     heartbeat = options.heartbeat_or(gateway.settings.heartbeat_s)
     return event_stream(
-        _live(lease.events(), writer_for(stream.request_id)),
+        _live(lease.events(), writer_for(stream.request_id), gateway.metrics),
         settings=gateway.settings, metrics=gateway.metrics, heartbeat_s=heartbeat,
         headers={"X-Request-Id": stream.request_id}, on_close=lease.close,
         on_disconnect=lease.client_left)
@@ -134,18 +135,28 @@ def _apply_engine_event(writer: ResponseWriter, event: object) -> list[Event]:
     return []  # tool-call deltas: `tools` is refused on this surface
 
 
-async def _live(events: AsyncIterator[EngineEvent], writer: ResponseWriter
-                ) -> AsyncIterator[ServerSentEvent]:
-    for event in writer.opening():
-        yield _sse(event)
+async def _live(events: AsyncIterator[EngineEvent], writer: ResponseWriter,
+                metrics: GatewayMetrics) -> AsyncIterator[ServerSentEvent]:
+    """A plain stream's events, counted as the chat route counts its streams."""
+    outcome = "client_disconnect"  # what it was if we never get past a cancel
+    metrics.streams_active.inc()
     try:
+        for event in writer.opening():
+            yield _sse(event)
         async for engine_event in events:
+            if isinstance(engine_event, pb.TokenChunk):
+                metrics.tokens.inc()
             for event in _apply_engine_event(writer, engine_event):
                 yield _sse(event)
+        outcome = "completed"
     except EngineError as exc:
         # After the first byte the status is sent: the failure is the last event.
+        outcome = "engine_error"
         for event in writer.failed(exc.body()["error"]):
             yield _sse(event)
+    finally:
+        metrics.streams_active.dec()
+        metrics.streams.labels(outcome).inc()
 
 
 async def _create_background(body: CreateResponseRequest, request: Request,

@@ -167,6 +167,11 @@ async def test_a_client_that_leaves_a_plain_stream_cancels_it_at_the_engine() ->
         await leave_midway(lab.app, "/v1/responses", {"input": "hi", "stream": True},
                            lambda seen: seen.body.count(b"output_text.delta") >= 4)
         await until(lambda: engine.last.cancelled)
+        registry = lab.gateway.metrics.registry
+        # Counted as the chat route counts its streams: none left open.
+        await until(lambda: registry.get_sample_value("streamlab_gateway_streams_active") == 0)
+        assert registry.get_sample_value("streamlab_gateway_streams_total",
+                                         {"outcome": "client_disconnect"}) == 1
 
 
 async def test_an_engine_failure_mid_stream_ends_with_response_failed() -> None:
