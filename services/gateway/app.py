@@ -20,6 +20,7 @@ from services.gateway.limits import BodySizeLimit
 from services.gateway.model_routes import router as model_router
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.polling_routes import router as polling_router
+from services.gateway.responses_routes import router as responses_router
 from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
 from services.gateway.state import GatewayState
@@ -79,6 +80,7 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
     app.include_router(polling_router)  # /v1/jobs: short and long polling
     app.include_router(ws_router)  # /ws: one prompt in, one message per token
+    app.include_router(responses_router)  # /v1/responses: streamed, background, resumable
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
