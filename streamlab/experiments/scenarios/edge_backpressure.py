@@ -38,7 +38,7 @@ from streamlab.experiments.scenarios.lifecycle import record_when_done
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 # No progress for this long is a pause.
@@ -220,6 +220,7 @@ BACKPRESSURE: tuple[Scenario, ...] = (
             "/: proxy_buffering off, a 32 KB send buffer per client connection, and "
             "send_timeout = the gateway's send timeout: nginx closes the client and the "
             "upstream, and the gateway cancels the generation"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("tokens_asked", "gap_ms", "answer_s", "send_timeout_s", "sse_bytes_per_token",
                *(f"held_{h}_kib" for h in HOPS), "held_sockets_kib", "edge_side_full_after_s",
                "paused_by_flow_control", "tokens_generated", "engine_state",

@@ -34,7 +34,7 @@ from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable,
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.seventh_tab import ConnectionCounter
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab.lab.toxiproxy import Toxic
 
 STREAMS = 7
@@ -201,6 +201,7 @@ H2_SHARED_FATE = Scenario(
          Check("duplicates_total", "==", 0, "none twice"),
          Check("streams_done", "==", STREAMS)),
         "EventSource's way: retry:, then Last-Event-ID, replay, live"),
+    needs=frozenset({Capability.TOGGLE_HOPS}),
     shown=("streams", "tcp_connections_at_cut", "tcp_connections_seen", "tokens_before_cut_min",
            "streams_cut", "cut_spread_s", "reconnections", "streams_exact", "missing_total",
            "duplicates_total", "streams_done"),

@@ -26,7 +26,7 @@ from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab.lab.toxiproxy import Toxic
 
 CUT_BYTES = 900  # a few tokens into the first response, mid-event
@@ -114,6 +114,7 @@ def _resume(hop: str) -> Scenario:
                        "a client that does not come back (no Last-Event-ID)"),
         fixed=Variant(Setup(knobs={"resume": True, "hop": hop}), FIXED,
                       "EventSource-like client: retry:, then Last-Event-ID, replay, live"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("cuts", "connections", "tokens_expected", "tokens_received", "missing",
                "duplicates", "text_equal", "resumed_from", "terminal"),
     )
