@@ -50,9 +50,8 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.load_clients import Flood, LogTail
 from streamlab.experiments.report import Report
-from streamlab.experiments.scenarios.edge_backpressure import Flood
-from streamlab.experiments.scenarios.measures import LogTail
 from streamlab.experiments.soak_verdict import (
     BROKEN,
     SELF_TEST,

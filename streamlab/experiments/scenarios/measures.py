@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,6 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.experiments.load_clients import LogTail
 from streamlab.experiments.report import Figures
 from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Setup
 from streamlab.experiments.timing import Timing
@@ -51,30 +51,6 @@ def hang_deadline_s(setup: Setup, timing: Timing) -> float:
     if setup.patience == "short":
         return expected + 3 * timing.watchdog_s + timing.tolerance_s
     return 2 * expected + 10.0
-
-
-class LogTail:
-    """What a log file gains from now on: only the new bytes are read (the lab's
-    logs only grow, access lines included)."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._start = path.stat().st_size if path.exists() else 0
-
-    @classmethod
-    def of(cls, lab: LabTarget, service: str) -> LogTail | None:
-        """The service's log from now on; None when the lab has no `logs` capability."""
-        logs = lab.logs
-        return cls(logs[service]) if logs is not None and service in logs else None
-
-    def count(self, *needles: str) -> int:
-        try:
-            with self._path.open("rb") as log:
-                log.seek(self._start)
-                text = log.read().decode(errors="replace")
-        except FileNotFoundError:
-            return 0
-        return sum(text.count(needle) for needle in needles)
 
 
 def _short(message: str, limit: int = 70) -> str:
