@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 import psutil
@@ -51,7 +51,7 @@ from services.client.resume_stream import ResumeError, create_stream, follow_str
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.load_clients import Flood, LogTail
-from streamlab.experiments.report import Report
+from streamlab.experiments.report import JSON, Report
 from streamlab.experiments.soak_verdict import (
     BROKEN,
     SELF_TEST,
@@ -140,7 +140,7 @@ def gateway_rss(lab: LabTarget) -> int:
 
 async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
                duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
-               toxics: bool = True, knobs: Mapping[str, object] | None = None,
+               toxics: bool = True, knobs: Mapping[str, JSON] | None = None,
                lab_fault: str = "", progress: Callable[[], None] | None = None,
                variant: str = "") -> Report:
     """`knobs` go into every request's `streamlab` options (a broken mode to
@@ -220,7 +220,7 @@ class _Soaker:
     """The clients: one method per behaviour, each setting its StreamRun's outcome."""
 
     def __init__(self, lab: LabTarget, http: httpx.AsyncClient, bounds: Bounds,
-                 rng: random.Random, knobs: Mapping[str, object]) -> None:
+                 rng: random.Random, knobs: Mapping[str, JSON]) -> None:
         self.lab, self.http, self.bounds, self.rng = lab, http, bounds, rng
         self.knobs = knobs
         self.references: dict[int, str] = {}
@@ -233,11 +233,11 @@ class _Soaker:
         self.no_http_toxic = asyncio.Event()
         self.no_http_toxic.set()
 
-    def body(self, answer: int, gap_ms: int = GAP_MS, **options: Any) -> dict[str, object]:
+    def body(self, answer: int, gap_ms: int = GAP_MS, **options: JSON) -> dict[str, JSON]:
         # The broken knobs win over the behaviour's own (e.g. heartbeat_s: 0).
         options = {"prefill_ms": 5, "token_gap_ms": gap_ms, "answer_tokens": answer,
                    **options, **self.knobs}
-        return chat_body("soak", max_tokens=answer, **options)
+        return chat_body("soak", stream=True, max_tokens=answer, **options)
 
     async def fetch_references(self) -> None:
         """The reference text of every answer length, read as fast as the model goes
@@ -309,7 +309,7 @@ class _Soaker:
         finally:
             self.stalling -= 1
 
-    async def _stall_on(self, run: StreamRun, body: dict[str, object]) -> None:
+    async def _stall_on(self, run: StreamRun, body: dict[str, JSON]) -> None:
         run.left_at, run.leave_bound_s = time.monotonic(), self.bounds.stall_bound_s
         sock = await asyncio.to_thread(open_silent_reader, self.lab.ports.host,
                                        self.lab.ports.edge_port, "/v1/chat/completions", body,
@@ -412,7 +412,7 @@ class _Soaker:
             run.outcome = "connection_error"
 
     # ---- helpers -------------------------------------------------------------------
-    async def _chat(self, run: StreamRun, path: str, body: dict[str, object],
+    async def _chat(self, run: StreamRun, path: str, body: dict[str, JSON],
                     stop_after_tokens: int | None = None) -> StreamResult:
         result = StreamResult()
         for attempt in range(4):

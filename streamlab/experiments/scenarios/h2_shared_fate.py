@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from typing import Any
 
 import anyio
 import httpx
@@ -29,7 +28,7 @@ import httpx
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from services.engine.backends.fake import token_text
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.seventh_tab import ConnectionCounter
@@ -47,9 +46,9 @@ HOP = "edge-h2"
 CUT = Toxic("reset_peer", {"timeout": 0}, name="shared_fate_cut")
 
 
-def _body(timing: Timing) -> dict[str, Any]:
-    body = chat_body("shared fate", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
-                     answer_tokens=STREAM_TOKENS)
+def _body(timing: Timing) -> dict[str, JSON]:
+    body: dict[str, JSON] = chat_body("shared fate", prefill_ms=timing.prefill_ms,
+                                      token_gap_ms=timing.gap_ms, answer_tokens=STREAM_TOKENS)
     body["resume"] = {"retry_ms": RETRY_MS}
     return body
 
@@ -108,7 +107,7 @@ async def shared_fate(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     cut_seen: dict[str, float] = {}
     results: dict[str, ResumeResult] = {}
 
-    created: list[dict[str, Any]] = []
+    created: list[dict[str, JSON]] = []
     # The tabs: one client, at most one connection, every stream on it; each
     # creates its stream and follows it at once.
     one = httpx.Limits(max_connections=1)

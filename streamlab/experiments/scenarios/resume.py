@@ -16,13 +16,12 @@ reconnection too. One scenario per hop, as for latency.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import httpx
 
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
@@ -33,8 +32,8 @@ CUT_BYTES = 900  # a few tokens into the first response, mid-event
 RETRY_MS = 100  # the `retry:` the stream asks for, so a reconnection is quick
 
 
-def request_body(timing: Timing) -> dict[str, Any]:
-    body = chat_body("resume scenario", **timing.fake_model())
+def request_body(timing: Timing) -> dict[str, JSON]:
+    body: dict[str, JSON] = chat_body("resume scenario", **timing.fake_model())
     body["resume"] = {"retry_ms": RETRY_MS}
     return body
 

@@ -25,6 +25,8 @@ from streamlab.experiments.scenarios import (
     names,
     plan_runs,
 )
+from streamlab.lab.fake import FakeLab
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import ToxiproxyError
 
 RUNS = len(names()) * len(MODES)
@@ -48,7 +50,9 @@ def install(monkeypatch: pytest.MonkeyPatch, wrong: tuple[str, str] | None = Non
         figures: Figures = {"done": (scenario.name, mode) != wrong}
         return Report(scenario.name, mode, "story", figures, judge(DONE, figures, timing))
 
-    monkeypatch.setattr(scenario_command, "attached", lambda run_dir: object())
+    # A lab with every capability: each scenario's needs are met, so every pair runs.
+    monkeypatch.setattr(scenario_command, "attached",
+                        lambda run_dir: FakeLab(capabilities=Capability))
     monkeypatch.setattr(scenarios, "timing_for", lambda lab, **_: Timing())
     monkeypatch.setattr(runner, "run", fake_run)
     return ran
