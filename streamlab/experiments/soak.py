@@ -62,7 +62,7 @@ from streamlab.experiments.soak_verdict import (
     self_test_part,
     self_test_report,
 )
-from streamlab.lab.target import LabTarget, pids_of
+from streamlab.lab.target import Capability, LabTarget, pids_of, require
 from streamlab.lab.toxiproxy import Toxic, ToxiproxyClient, ToxiproxyError
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -138,6 +138,14 @@ def gateway_rss(lab: LabTarget) -> int:
     return int(psutil.Process(pid).memory_info().rss)
 
 
+def soak_needs(engine_kills: int) -> frozenset[Capability]:
+    """What a soak asks of the target: the gateway's RSS by pid, the engine's
+    record (what is left running), hops to put toxics on and reset, and, to
+    kill the engine mid-run, restarts."""
+    needs = {Capability.PIDS, Capability.ENGINE_RECORD, Capability.TOGGLE_HOPS}
+    return frozenset(needs | ({Capability.RESTART_SERVICE} if engine_kills else set()))
+
+
 async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
                duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
                toxics: bool = True, knobs: Mapping[str, JSON] | None = None,
@@ -146,7 +154,9 @@ async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
     """`knobs` go into every request's `streamlab` options (a broken mode to
     show the verdict failing); `lab_fault` breaks the lab after the reference
     runs ("engine_disabled", "edge_black_hole"); `variant` names the broken
-    thing in the report."""
+    thing in the report. MissingCapability, before anything runs, on a target
+    without what the soak needs (soak_needs)."""
+    require(lab, soak_needs(engine_kills), "the soak")
     rng = random.Random(seed)
     bounds = Bounds.of(lab)
     run = SoakRun(engine_kills_asked=engine_kills)
@@ -600,7 +610,14 @@ async def soak_as_asked(lab: LabTarget, broken: str | None = None, all_broken: b
                         engine_kills: int = 2, seed: int = 7, toxics: bool = True,
                         progress: Callable[[], None] | None = None) -> Report:
     """`streamlab soak`: the self-test (`all_broken`), the soak against one
-    `broken` thing, or the soak against the lab as it is."""
+    `broken` thing, or the soak against the lab as it is. MissingCapability
+    before the first run when the target lacks what any of them needs."""
+    kills = engine_kills
+    if all_broken:
+        kills = max([engine_kills, *(thing.engine_kills for thing in SELF_TEST)])
+    elif broken is not None:
+        kills = BROKEN[broken].engine_kills
+    require(lab, soak_needs(kills), "the soak")
     if all_broken:
         return await self_test(lab, streams, concurrency, duration_s, engine_kills, seed, toxics)
     if broken is not None:
