@@ -21,7 +21,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.commands.exits import (
+    EXIT_UNEXPECTED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    reach,
+)
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 
 if TYPE_CHECKING:
     from streamlab.experiments.report import Figure, Report
@@ -30,11 +36,13 @@ if TYPE_CHECKING:
 # The catalogue (and the websockets client its measures use) is imported inside
 # the commands: every `streamlab ...` start would otherwise pay for it.
 
-EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-EXIT_CODES = """Exit status: 0 every verdict as expected (a scenario this machine cannot
-run is shown as skipped and is no wrong verdict); 1 a verdict not as expected (a
-check failed, or a measure crashed: an error); 2 usage (an unknown scenario or
-option); 3 the target is unreachable (no lab up, its Toxiproxy API down)."""
+# One line: rich rewraps the epilog. The codes are the ones every experiment
+# command shares (commands/exits.py).
+EXIT_CODES = ("Exit status: 0 every verdict as expected (a scenario this lab or machine "
+              "cannot run, a capability it needs missing, is shown as skipped and is no "
+              "wrong verdict); 1 a verdict not as expected (a check failed, or a measure "
+              "crashed: an error); 2 usage (an unknown scenario or option); 3 the target is "
+              "unreachable (no lab up, its Toxiproxy API down).")
 
 app = typer.Typer(help="Reproduce each streaming failure, broken and fixed, and measure it.",
                   no_args_is_help=True)
@@ -106,10 +114,7 @@ def run_command(
         ("broken",) if broken else ("fixed",))
     plan = scenarios.plan_runs(list(known) if name == "all" else [name], modes,
                                repeat=repeat, shuffle=shuffle, seed=seed)
-    try:
-        lab = attached(run_dir)
-    except typer.Exit as exc:  # attached() has said why: no lab from run_dir
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    lab = reach(run_dir)
     timing = scenarios.timing_for(
         lab, prefill_ms=prefill_ms, gap_ms=gap_ms, tokens=tokens, think_s=think_s,
         heartbeat_s=heartbeat_s, watchdog_s=watchdog_s, tolerance_s=tolerance_s,

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, attached
+from streamlab.commands.exits import EXIT_CODES, EXIT_USAGE, experiment_exits, reach, verdict_exit
+from streamlab.commands.lab import DEFAULT_RUN_DIR
 from streamlab.experiments.render import show
 from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN
@@ -19,7 +20,7 @@ app = typer.Typer()
 console = Console()
 
 
-@app.command("soak")
+@app.command("soak", epilog=EXIT_CODES)
 def soak_command(
     streams: Annotated[int, typer.Option(help="Streams to run in all.")] = 200,
     concurrency: Annotated[int, typer.Option(help="Streams open at once.")] = 20,
@@ -46,20 +47,19 @@ def soak_command(
     idle cut, the gateway's RSS back within 1.2x. With --broken NAME it is
     expected to fail, and exits 1 when it does (so a script sees the failure);
     --self-test exits 0 only if every broken thing failed its checks and the
-    lab as it is passed."""
+    lab as it is passed. Needs a lab with pids (the gateway's RSS), the
+    engine's record and restarts: a local lab (exit 2 otherwise, naming what
+    is missing)."""
     if broken is not None and broken not in BROKEN:
         console.print(f"[red]Unknown broken thing {broken!r}[/]: {', '.join(BROKEN)}")
-        raise typer.Exit(2)
-    lab = attached(run_dir)
-    if lab.pids is None:
-        console.print("[red]The soak reads the gateway's RSS by pid: a local lab only "
-                      "(STREAMLAB_TARGET=local).[/]")
-        raise typer.Exit(1)
-    with Progress(console=console, transient=True, disable=as_json or self_test) as progress:
+        raise typer.Exit(EXIT_USAGE)
+    lab = reach(run_dir)
+    with (experiment_exits(),
+          Progress(console=console, transient=True, disable=as_json or self_test) as progress):
         task = progress.add_task(f"soaking{f' ({broken})' if broken else ''}", total=streams)
         report = asyncio.run(soak_as_asked(lab, broken, self_test, streams, concurrency,
                                            duration, engine_kills, seed, toxics,
                                            lambda: progress.advance(task)))
     show(report, console, as_json=as_json)
     # A broken run's verdict is to fail; it exits 1 all the same, so a script sees it.
-    raise typer.Exit(0 if report.as_expected else 1)
+    verdict_exit(report)

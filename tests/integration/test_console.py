@@ -140,7 +140,7 @@ async def start(page: Page, transports: list[str], **fields: object) -> list[int
 async def screenshot(page: Page, path: Path) -> None:
     data = await page.call("Page.captureScreenshot", {"format": "png"}, timeout_s=20)
     await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-    await anyio.Path(path).write_bytes(base64.b64decode(data["data"]))
+    await anyio.Path(path).write_bytes(base64.b64decode(str(data["data"])))
 
 
 def screenshot_dir() -> Path | None:

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import streamlab.commands.scenario as scenario_command
+import streamlab.commands.exits as exits
 import streamlab.experiments.scenarios as scenarios
 import streamlab.experiments.scenarios.runner as runner
 from streamlab.cli import app
@@ -25,6 +25,8 @@ from streamlab.experiments.scenarios import (
     names,
     plan_runs,
 )
+from streamlab.lab.fake import FakeLab
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import ToxiproxyError
 
 RUNS = len(names()) * len(MODES)
@@ -48,7 +50,9 @@ def install(monkeypatch: pytest.MonkeyPatch, wrong: tuple[str, str] | None = Non
         figures: Figures = {"done": (scenario.name, mode) != wrong}
         return Report(scenario.name, mode, "story", figures, judge(DONE, figures, timing))
 
-    monkeypatch.setattr(scenario_command, "attached", lambda run_dir: object())
+    # A lab with every capability: each scenario's needs are met, so every pair runs.
+    monkeypatch.setattr(exits, "attached",
+                        lambda run_dir: FakeLab(capabilities=Capability))
     monkeypatch.setattr(scenarios, "timing_for", lambda lab, **_: Timing())
     monkeypatch.setattr(runner, "run", fake_run)
     return ran
@@ -155,7 +159,7 @@ def test_no_lab_to_attach_to_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_lab(run_dir: Any) -> Any:
         raise typer.Exit(1)  # as attached() does, having said why
 
-    monkeypatch.setattr(scenario_command, "attached", no_lab)
+    monkeypatch.setattr(exits, "attached", no_lab)
     assert invoke("idle-cut").exit_code == 3
 
 
