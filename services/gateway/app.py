@@ -70,7 +70,11 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
             if owns_engine:
                 await gateway.engine.close()
 
-    app = FastAPI(title="streamlab gateway", lifespan=lifespan)
+    # The API's description only when asked for (settings.api_docs): through
+    # the edge it would answer anyone, key or not.
+    docs: dict[str, Any] = {} if settings.api_docs else {
+        "openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="streamlab gateway", lifespan=lifespan, **docs)
     app.state.gateway = gateway
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: an unauthenticated request costs nothing.
