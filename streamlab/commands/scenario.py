@@ -28,6 +28,8 @@ from streamlab.commands.exits import (
     reach,
 )
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
+from streamlab.lab.target import Capability
+from streamlab.lab.watchdog import ToxiproxyWatchdog
 
 if TYPE_CHECKING:
     from streamlab.experiments.report import Figure, Report
@@ -128,13 +130,20 @@ def run_command(
         console.print(f"shuffled with --seed {plan.seed}")
         for number, order in enumerate(plan.rounds, 1):
             console.print(f"repeat {number}: " + ", ".join(f"{n} {m}" for n, m in order))
+    # A lab that can restart its services gets the Toxiproxy watchdog: a hop
+    # process that wedges or dies mid-plan is restarted, not the end of the plan.
+    watchdog = (ToxiproxyWatchdog(lab) if Capability.RESTART_SERVICE in lab.capabilities
+                else None)
     try:
         report = asyncio.run(scenarios.run_plan(
             lab, plan, timing, on_start=progress.started if progress else None,
-            on_report=progress.ended if progress else None))
+            on_report=progress.ended if progress else None, watchdog=watchdog))
     except scenarios.TargetUnreachable as exc:
         err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
+    if watchdog is not None and not as_json:
+        for restart in watchdog.restarts:
+            err.print(f"[yellow]watchdog:[/] {restart.describe()}")
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     elif name == "all" or shuffle or repeat > 1:

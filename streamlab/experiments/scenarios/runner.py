@@ -14,6 +14,7 @@ same figures, which is what proves a check would catch the thing it is about.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import secrets
@@ -35,6 +36,7 @@ from streamlab.experiments.scenarios.model import (
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import Capability, LabTarget, MissingCapability, require
 from streamlab.lab.toxiproxy import ToxiproxyError
+from streamlab.lab.watchdog import ToxiproxyWatchdog
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ def not_run(scenario: str, mode: Mode, status: Literal["skipped", "error"], reas
 async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
                    on_start: Callable[[int, str, Mode], None] | None = None,
                    on_report: Callable[[int, Report], None] | None = None,
-                   out_dir: Path | None = None) -> Report:
+                   out_dir: Path | None = None,
+                   watchdog: ToxiproxyWatchdog | None = None) -> Report:
     """Every run of the plan, in its order, as one report: its parts are the
     repeats (variant "repeat N"), and theirs each run's report.
 
@@ -171,6 +174,11 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
       - a lab that is not there (its Toxiproxy API does not answer) raises
         TargetUnreachable: nothing after it could run either (a Toxiproxy that
         answers but refuses an operation is that run's error).
+      - with a `watchdog` (lab/watchdog.py), every Toxiproxy process is probed
+        before each run and after a run that Toxiproxy failed: one that has
+        wedged or died is restarted with its proxies and toxics, the run it
+        broke is that run's error naming the restart, and the plan goes on
+        (figure `toxiproxy_restarts`).
     `on_start(repeat, scenario, mode)` and `on_report(repeat, report)` let a
     caller show progress as the runs go."""
     rounds: list[Report] = []
@@ -179,7 +187,9 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
         for name, mode in order:
             if on_start is not None:
                 on_start(number, name, mode)
-            report = await _run_one(lab, registry.get(name), mode, timing, out_dir)
+            if watchdog is not None:
+                await asyncio.to_thread(watchdog.check)
+            report = await _run_one(lab, registry.get(name), mode, timing, out_dir, watchdog)
             parts.append(report)
             if on_report is not None:
                 on_report(number, report)
@@ -192,13 +202,15 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
         "unexpected": sum(not p.as_expected for p in runs),
         "skipped": sum(p.status == "skipped" for p in runs),
     }
+    if watchdog is not None:
+        figures["toxiproxy_restarts"] = len(watchdog.restarts)
     story = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + (
         f", shuffled with --seed {plan.seed}" if plan.seed is not None else "")
     return Report(experiment="scenarios", story=story, figures=figures, parts=tuple(rounds))
 
 
 async def _run_one(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing,
-                   out_dir: Path | None) -> Report:
+                   out_dir: Path | None, watchdog: ToxiproxyWatchdog | None = None) -> Report:
     """One run under run_plan's policy (its docstring)."""
     try:
         # Declared needs first: a lab without them skips before Toxiproxy is touched.
@@ -208,6 +220,10 @@ async def _run_one(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timin
     try:
         return await run(lab, scenario, mode, timing, out_dir=out_dir)
     except ToxiproxyError as exc:
+        restarts = await asyncio.to_thread(watchdog.check) if watchdog is not None else []
+        if restarts:  # it had wedged or died under this run: restarted, the plan goes on
+            healed = "; ".join(r.describe() for r in restarts)
+            return not_run(scenario.name, mode, "error", f"{str(exc)[:120]} ({healed})")
         if exc.status_code:  # it answered, and refused this run's toxic: its error
             return not_run(scenario.name, mode, "error", str(exc)[:200])
         raise TargetUnreachable(str(exc)) from exc

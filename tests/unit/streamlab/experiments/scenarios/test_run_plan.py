@@ -28,7 +28,8 @@ from streamlab.experiments.scenarios.runner import Plan
 from streamlab.lab.fake import FakeLab
 from streamlab.lab.local import LabOptions
 from streamlab.lab.target import Capability, LabTarget, MissingCapability
-from streamlab.lab.toxiproxy import Toxic
+from streamlab.lab.toxiproxy import Toxic, ToxiproxyError
+from streamlab.lab.watchdog import Probe, ToxiproxyWatchdog
 
 pytestmark = pytest.mark.anyio
 TIMING = Timing()
@@ -210,3 +211,45 @@ async def test_every_run_needs_hops_to_reset(tmp_path: Path) -> None:
     with pytest.raises(MissingCapability, match="toggle_hops"):
         await run(lab, scenario(ttft), "fixed", TIMING)
     assert lab.fake_toxiproxy.calls == []
+
+
+async def test_a_toxiproxy_that_wedges_mid_plan_is_restarted_and_the_plan_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run's Toxiproxy stops answering (as the upstream wedge does); the
+    watchdog finds it wedged, restarts it, that run is an error naming the
+    restart, and the second run still runs and is judged."""
+    from streamlab.experiments.scenarios import registry
+
+    health = {"now": "ok"}
+
+    def probe_api(url: str, timeout_s: float) -> Probe:
+        return Probe("wedged" if health["now"] == "wedged" else "ok")
+
+    async def wedges_then_measures(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+        if not MEASURED:
+            MEASURED.append("wedged")
+            health["now"] = "wedged"
+            raise ToxiproxyError(0, "ReadTimeout('timed out')")
+        MEASURED.append("measured")
+        return {"ttft_s": 0.7 if setup.toxics else 0.1}
+
+    toy = scenario(wedges_then_measures)
+    monkeypatch.setattr(registry, "get", lambda name: toy)
+    MEASURED.clear()
+    lab = fake_lab(tmp_path)
+    watchdog = ToxiproxyWatchdog(lab, probe_api=probe_api)
+
+    def start_service(name: str) -> None:
+        lab.service_calls.append(("start", name))
+        health["now"] = "ok"  # the process the watchdog started answers
+
+    monkeypatch.setattr(lab, "start_service", start_service)
+    report = await run_plan(lab, Plan(None, ((("toy", "broken"), ("toy", "broken")),)),
+                            TIMING, watchdog=watchdog)
+
+    [[first, second]] = [r.parts for r in report.parts]
+    assert first.status == "error"
+    assert "was wedged: restarted" in first.reason
+    assert (second.status, second.as_expected) == ("ran", True)
+    assert report.figures["toxiproxy_restarts"] == 1
+    assert ("kill", "toxiproxy") in lab.service_calls
