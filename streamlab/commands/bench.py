@@ -30,7 +30,8 @@ from streamlab.experiments import render
 from streamlab.experiments.bench.transports import BENCH_TIMING, run_transports, transport_names
 from streamlab.experiments.report import Report
 
-app = typer.Typer(help=__doc__, no_args_is_help=True)
+app = typer.Typer(help=__doc__, no_args_is_help=True,
+                  short_help="Measure transports, relay, silent readers, cancellation.")
 console = Console()
 err = Console(stderr=True)
 
@@ -56,7 +57,8 @@ def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
         verdict_exit(report)
 
 
-@app.command(epilog=EXIT_CODES)
+@app.command(epilog=EXIT_CODES,
+             short_help="Polling, long polling, SSE, WebSocket, gRPC: same model.")
 def transports(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     repetitions: Annotated[int, typer.Option("--reps", "-n", min=1,
@@ -89,7 +91,8 @@ def transports(
     _render(report, as_json=as_json, as_markdown=as_markdown, plot=plot)
 
 
-@app.command(epilog=EXIT_CODES_TARGETS)
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="What each hop of the relay costs, against floor and naive.")
 def relay(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")
@@ -130,7 +133,8 @@ def relay(
     _render(report, as_json=as_json, as_markdown=as_markdown, verdict=False)
 
 
-@app.command("slow-readers", epilog=EXIT_CODES)
+@app.command("slow-readers", epilog=EXIT_CODES,
+             short_help="Clients that never read: gateway memory, wasted tokens.")
 def slow_readers(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     clients: Annotated[int, typer.Option(min=1, help="Silent readers at once (mind the "
@@ -163,7 +167,7 @@ def slow_readers(
     _render(report, as_json=as_json, plot=plot)
 
 
-@app.command(epilog=EXIT_CODES)
+@app.command(epilog=EXIT_CODES, short_help="Abandoned streams: how fast the engine cancels.")
 def cancel(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     streams: Annotated[int, typer.Option(help="Abandoned streams to open.")] = 200,
@@ -192,7 +196,8 @@ def cancel(
     _render(report, as_json=as_json)
 
 
-@app.command(epilog=EXIT_CODES)
+@app.command(epilog=EXIT_CODES,
+             short_help="The hf backend on its device: throughput, TTFT, cancels.")
 def gpu(
     model: Annotated[str, typer.Option(help="A model directory (save_pretrained); "
                                             "default: random weights of --size.")] = "",
@@ -225,7 +230,8 @@ def gpu(
     _render(report, as_json=as_json)
 
 
-@app.command(epilog=EXIT_CODES_TARGETS)
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="N paced streams: cadence, TTFT, CPU per token as N grows.")
 def scale(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     sweep: Annotated[str, typer.Option(help="Stream counts to try, comma-separated; stops "
@@ -278,7 +284,8 @@ def scale(
     _render(report, as_json=as_json, plot=plot, verdict=False)
 
 
-@app.command(epilog=EXIT_CODES)
+@app.command(epilog=EXIT_CODES,
+             short_help="Raw-socket load: TTFT, inter-chunk percentiles, its own CPU.")
 def load(
     url: Annotated[str, typer.Argument(help="Where to send the streams (the edge by default).")
                    ] = "",

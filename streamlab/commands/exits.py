@@ -27,6 +27,15 @@ from streamlab.lab.toxiproxy import ToxiproxyError
 
 EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
+# `streamlab --help`'s epilog: the codes, in one line (rich rewraps it).
+EXIT_STATUS_HELP = (f"Exit status: {EXIT_AS_EXPECTED} as expected; {EXIT_UNEXPECTED} not as "
+                    "expected (a check failed, the run crashed, a command failed); "
+                    f"{EXIT_USAGE} usage (an unknown name or option, or a lab without a "
+                    f"capability the command needs); {EXIT_UNREACHABLE} the lab is "
+                    "unreachable (scenario run, bench and soak; the other commands exit "
+                    f"{EXIT_UNEXPECTED} when no lab is up). A command that prints a result "
+                    "takes --json: one JSON document on stdout.")
+
 # The epilog of `bench` and `soak` commands (the scenario command has its own
 # wording of the same codes, with skipped scenarios). One line: rich rewraps it.
 _USAGE_AND_UNREACHABLE = ("2 usage (an unknown option, or a lab without a capability this "

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.client.openai_stream import chat_body, stream_chat
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
@@ -27,6 +27,9 @@ console = Console()
 err = Console(stderr=True)
 
 RunDir = Annotated[Path, typer.Option(help="Where logs, pids and rendered configs live.")]
+# Every command that prints a result takes it; the result goes to stdout as one
+# JSON document, anything else (spinners, warnings) to stderr.
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 
 
@@ -80,8 +83,12 @@ def up(
     store: Annotated[str | None, typer.Option(
         help="The gateways' resume store: memory or redis (Redis behind the `store` "
              "hop). Default: redis with more than one gateway, else memory.")] = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Start engine, Toxiproxy, gateway, nginx and the console (detached); print their URLs."""
+    """Start the lab (detached) and print its services and URLs.
+
+    Engine, Toxiproxy, gateway, nginx and the console, each a detached process
+    whose logs and pids live in the run dir."""
     _not_for_compose("docker compose up --build -d")
     try:
         choice = choose(backend, model=model, device=device, dtype=dtype, base_url=base_url,
@@ -105,11 +112,14 @@ def up(
         options.engine_ready_timeout_s = choice.engine_ready_timeout_s
     lab = Lab(Ports.load(), options)
     try:
-        with console.status(f"starting the lab ({backend} model)…"):
+        with (err if as_json else console).status(f"starting the lab ({backend} model)…"):
             lab.up()
     except (StartError, FileNotFoundError) as exc:
         err.print(f"[red]streamlab up failed:[/] {exc}")
         raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(_up_json(lab, with_console, run_dir), indent=2))
+        return
     _print_status(lab)
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
@@ -120,6 +130,15 @@ def up(
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")
     console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
+
+
+def _up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
+    """What `up` prints, as data: each service (as `status --json`) and the URLs to use."""
+    urls = {"edge": lab.edge_url, "edge_h2": lab.edge_h2_url, "gateway": lab.gateway_url,
+            "toxiproxy": lab.toxiproxy_url,
+            "console": f"{console_url(lab.ports)}/" if with_console else None}
+    return {"services": lab.status(), "urls": urls, "ca_cert": str(lab.tls.ca_cert),
+            "logs": str(run_dir / "logs")}
 
 
 @app.command()
@@ -138,7 +157,7 @@ def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
 @app.command()
 def status(
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Each service, its address and whether it answers."""
     lab = attached(run_dir)
@@ -189,6 +208,10 @@ def chat(
         help="The request's max_tokens: what bounds a real model's answer.")] = None,
     timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
     request_id: Annotated[str | None, typer.Option(help="X-Request-Id to send.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the reply as one JSON object when it ends (text, tokens, "
+                       "TTFT, total, request id, finish reason) instead of streaming it.")
+    ] = False,
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
@@ -201,7 +224,13 @@ def chat(
         async with httpx.AsyncClient(timeout=timeout) as client:
             result = await stream_chat(
                 client, url, body, headers={"X-Request-Id": request_id} if request_id else None,
-                on_token=lambda t: console.print(t, end="", soft_wrap=True))
+                on_token=None if as_json else (
+                    lambda t: console.print(t, end="", soft_wrap=True)))
+        if as_json:
+            print(json.dumps(chat_json(result), indent=2))
+            if result.error:
+                raise typer.Exit(1)
+            return
         console.print()
         if result.error:
             err.print(f"[red]error:[/] {result.error.get('message')} (HTTP {result.status})")
@@ -216,3 +245,11 @@ def chat(
     except KeyboardInterrupt:
         err.print("\n[yellow]interrupted[/]: the connection is closed, the engine cancels.")
         raise typer.Exit(130) from None
+
+
+def chat_json(result: StreamResult) -> dict[str, object]:
+    """`chat --json`: the reply and its timings, the figures the human line shows."""
+    return {"text": result.text, "tokens": len(result.texts), "status": result.status,
+            "ttft_s": result.ttft_s, "total_s": result.total_s,
+            "request_id": result.request_id, "finish_reason": result.finish_reason,
+            "done": result.done, "usage": result.usage, "error": result.error}

@@ -36,20 +36,23 @@ def soak_command(
                             "(each must fail its own checks), then against the lab as it "
                             "is (it must pass).")] = False,
     run_dir: Annotated[Path, typer.Option(help="The lab's run dir.")] = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Clients with different behaviours (read fully, through an idle-cutting
-    hop with a think pause, resume, abandon, stop reading, poll and walk away)
-    while random toxics come and go on every hop and the engine is killed and
+    """A chaos soak: toxics and engine kills under mixed clients.
+
+    Clients with different behaviours (read fully, through an idle-cutting hop
+    with a think pause, resume, abandon, stop reading, poll and walk away) while
+    random toxics come and go on every hop and the engine is killed and
     restarted. Exits 1 unless every check holds: no hang, no corrupt text,
     enough untouched streams and ≥ 90 % of them complete, every generation
-    whose client left cancelled within its bound, nothing left running, no
-    idle cut, the gateway's RSS back within 1.2x. With --broken NAME it is
-    expected to fail, and exits 1 when it does (so a script sees the failure);
-    --self-test exits 0 only if every broken thing failed its checks and the
-    lab as it is passed. Needs a lab with pids (the gateway's RSS), the
-    engine's record and restarts: a local lab (exit 2 otherwise, naming what
-    is missing)."""
+    whose client left cancelled within its bound, nothing left running, no idle
+    cut, the gateway's RSS back within 1.2x.
+
+    With --broken NAME it is expected to fail, and exits 1 when it does (so a
+    script sees the failure); --self-test exits 0 only if every broken thing
+    failed its checks and the lab as it is passed. Needs a lab with pids (the
+    gateway's RSS), the engine's record and restarts: a local lab (exit 2
+    otherwise, naming what is missing)."""
     if broken is not None and broken not in BROKEN:
         console.print(f"[red]Unknown broken thing {broken!r}[/]: {', '.join(BROKEN)}")
         raise typer.Exit(EXIT_USAGE)
