@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -110,12 +111,16 @@ def show_scenario(
         variant = scenario.variant(mode)
         console.print(f"\n[bold]{mode}[/]: {variant.story}", highlight=False)
         for line in _setup_lines(dict(variant.setup.as_json())):
-            console.print(f"  setup: {line}", highlight=False)
+            _indented(f"setup: {line}")
         for check in variant.expect:
-            why = f" ({check.why})" if check.why else ""
-            console.print(f"  check: {check.describe(timing)}{why}", highlight=False)
+            _indented(f"check: {check.describe(timing)}" + (f" ({check.why})" if check.why else ""))
     console.print("\n[dim]bounds shown at the default timing; `scenario run` scales them "
                   "to the lab's[/]")
+
+
+def _indented(line: str) -> None:
+    # Indented as a whole, wrapped lines too, so each item stands out under its mode.
+    console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
 
 
 def _setup_lines(setup: dict[str, Any]) -> list[str]:
