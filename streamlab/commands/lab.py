@@ -118,7 +118,7 @@ def up(
         err.print(f"[red]streamlab up failed:[/] {exc}")
         raise typer.Exit(1) from exc
     if as_json:
-        print(json.dumps(_up_json(lab, with_console, run_dir), indent=2))
+        print(json.dumps(up_json(lab, with_console, run_dir), indent=2))
         return
     _print_status(lab)
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
@@ -132,7 +132,7 @@ def up(
     console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
 
 
-def _up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
+def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
     """What `up` prints, as data: each service (as `status --json`) and the URLs to use."""
     urls = {"edge": lab.edge_url, "edge_h2": lab.edge_h2_url, "gateway": lab.gateway_url,
             "toxiproxy": lab.toxiproxy_url,

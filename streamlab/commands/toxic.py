@@ -124,9 +124,7 @@ def list_toxics(
         _check_hop(hop)
     with _client(run_dir) as client:
         proxies = client.proxies()
-    # The one-replica hops in their usual order, then replicas' and `store`.
-    names = [*(n for n in HOPS if n in proxies), *sorted(n for n in proxies if n not in HOPS)]
-    shown = {name: proxies[name] for name in names if is_hop_name(name) and hop in (None, name)}
+    shown = {name: proxies[name] for name in _hops_in_order(proxies) if hop in (None, name)}
     if as_json:
         print(json.dumps(shown, indent=2))
         return
@@ -169,9 +167,13 @@ def _lab_hops(run_dir: Path) -> tuple[LabTarget, list[str]]:
     """The lab and the hops its Toxiproxy processes serve."""
     lab = attached(run_dir)
     with _toxiproxy(lab) as client:
-        proxies = client.proxies()
+        return lab, _hops_in_order(client.proxies())
+
+
+def _hops_in_order(proxies: dict[str, dict[str, Any]]) -> list[str]:
+    """The one-replica hops in their usual order, then replicas' and `store`."""
     names = [*(n for n in HOPS if n in proxies), *sorted(n for n in proxies if n not in HOPS)]
-    return lab, [n for n in names if is_hop_name(n)]
+    return [n for n in names if is_hop_name(n)]
 
 
 @app.command()

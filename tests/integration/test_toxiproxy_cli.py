@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamlab.cli import app
+from streamlab.commands.lab import up_json
 from streamlab.lab.local import Lab, find_toxiproxy
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
 
@@ -84,3 +85,15 @@ def test_chat_json_is_the_reply_and_its_timings(lab: Lab) -> None:
     assert reply["done"] is True
     assert 0 < reply["ttft_s"] <= reply["total_s"]
     assert reply["error"] is None
+
+
+def testup_json_names_every_service_and_the_urls_up_prints(lab: Lab) -> None:
+    """`up --json`'s document, from the lab the fixture started (`up` itself
+    would start a second lab on lab.env's ports)."""
+    shown = json.loads(json.dumps(up_json(lab, True, lab.run_dir)))
+    assert shown["services"] == json.loads(json.dumps(lab.status()))
+    assert all(service["healthy"] for service in shown["services"].values())
+    assert shown["urls"]["edge"] == lab.edge_url
+    assert shown["urls"]["gateway"] == lab.gateway_url
+    assert shown["urls"]["console"].startswith("http://")
+    assert shown["ca_cert"] == str(lab.tls.ca_cert)
