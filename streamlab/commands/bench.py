@@ -10,6 +10,7 @@ cross its cadence target): they show a missed target and exit 0."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -34,6 +35,15 @@ app = typer.Typer(help=__doc__, no_args_is_help=True,
                   short_help="Measure transports, relay, silent readers, cancellation.")
 console = Console()
 err = Console(stderr=True)
+
+
+def _plot_extra(plot: Path | None) -> Path | None:
+    """`--plot` needs matplotlib, the `plot` extra, which `make up` leaves out
+    unless asked: say so before the bench runs, not after."""
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
+                                 ".venv/bin/pip install -e '.[plot]'")
+    return plot
 
 
 def _progress() -> Progress:
@@ -71,8 +81,8 @@ def transports(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")
                            ] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the timeline and costs PNG here.")
-                    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the timeline and costs PNG here.")] = None,
 ) -> None:
     """Polling (several intervals), long polling, SSE, WebSocket and direct gRPC, same model."""
     lab = reach(run_dir)
@@ -145,7 +155,8 @@ def slow_readers(
     timeout_s: Annotated[float, typer.Option(min=1, help="Give up on a relay after this "
                                                          "long.")] = 240.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the RSS and tokens PNG here.")
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the RSS and tokens PNG here.")
                     ] = None,
 ) -> None:
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
@@ -245,10 +256,10 @@ def scale(
     entry: Annotated[str, typer.Option(help="Where streams enter: edge (the full chain), "
                                             "nginx or gateway.")] = "edge",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the cadence and CPU PNG here (a "
-                                                   "directory: scale.png inside it; cell c: "
-                                                   "scale-slow.png beside it).")
-                    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the cadence and CPU PNG here (a directory: "
+                                   "scale.png inside it; cell c: scale-slow.png beside it).")
+    ] = None,
     slow_streams: Annotated[int, typer.Option(min=0, help="Cell c: slow streams at once "
                                                           "(1 token/s, heartbeat every 5 s); "
                                                           "0 skips the cell.")] = 5000,

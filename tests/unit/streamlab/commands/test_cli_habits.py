@@ -209,3 +209,18 @@ def test_toxic_where_of_a_hop_the_lab_lacks_is_a_usage_error(lab: FakeLab) -> No
     result = invoke("toxic", "where", "upstream-9")
     assert result.exit_code == 2
     assert "no hop 'upstream-9'" in result.output
+
+
+# ---- a lab venv without the plot extra -----------------------------------------------
+@pytest.mark.parametrize("bench", ["transports", "slow-readers", "scale"])
+def test_plot_without_matplotlib_is_a_usage_error_before_the_bench_runs(
+        monkeypatch: pytest.MonkeyPatch, bench: str) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "matplotlib" else real(name))
+    # No lab here: a bench that started would exit 3 (unreachable), not 2.
+    result = invoke("bench", bench, "--plot", "out.png", "--run-dir", "/nonexistent/run")
+    assert result.exit_code == 2, result.output
+    assert "make up PLOT=1" in " ".join(result.output.split())
