@@ -241,14 +241,7 @@ class Progress:
         from streamlab.experiments.scenarios import get
 
         took = time.monotonic() - self.started_at
-        if report.status == "skipped":
-            outcome = f"[yellow]skipped[/]: {report.reason}"
-        elif report.status == "error":
-            outcome = f"[bold red]error[/]: {report.reason}"
-        elif report.as_expected:
-            outcome = f"[green]{report.verdict}[/]"
-        else:
-            outcome = f"[bold red]{report.verdict}[/]"
+        outcome = verdict_markup(report)
         console.print(f"{self._head(repeat, report.experiment, report.variant)} ... {outcome} "
                       f"({took:.0f} s)", highlight=False)
         self.done += 1
@@ -265,6 +258,16 @@ class Progress:
             self.pending = []
 
 
+def verdict_markup(report: Report) -> str:
+    """One run's verdict, coloured: skipped and errors with their reason."""
+    if report.status == "skipped":
+        return f"[yellow]skipped[/]: {report.reason}"
+    if report.status == "error":
+        return f"[bold red]ERROR[/]: {report.reason}"
+    colour = "green" if report.as_expected else "bold red"
+    return f"[{colour}]{report.verdict}[/]"
+
+
 def print_summary(report: Report) -> None:
     seed = report.figures.get("seed")
     table = Table("#", "repeat", "scenario", "mode", "verdict",
@@ -274,15 +277,8 @@ def print_summary(report: Report) -> None:
     for repeat, part in enumerate(report.parts, 1):
         for run in part.parts:
             number += 1
-            if run.status == "error":
-                verdict = f"[bold red]ERROR[/]: {run.reason}"
-            elif run.status == "skipped":
-                verdict = f"[yellow]skipped[/]: {run.reason}"
-            elif run.as_expected:
-                verdict = f"[green]{run.verdict}[/]"
-            else:
-                verdict = f"[bold red]{run.verdict}[/]"
-            table.add_row(str(number), str(repeat), run.experiment, run.variant, verdict)
+            table.add_row(str(number), str(repeat), run.experiment, run.variant,
+                          verdict_markup(run))
     console.print(table)
     figures = report.figures
     console.print(f"{figures['as_expected']} as expected, {figures['unexpected']} unexpected, "
