@@ -35,7 +35,7 @@ def target(url: str, model: str = MODEL, metrics_url: str | None = None) -> Chec
 
 
 def explained(report: Report) -> str:
-    return "\n".join(line(part) for part in report.parts)
+    return "\n".join(f"{line(part)}\n    {part.figures}" for part in report.parts)
 
 
 async def test_the_lab_gateway_passes_every_check(lab: LabTarget) -> None:

@@ -84,7 +84,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
             if response.status_code >= 300:
                 record.body = await response.aread()
                 return record
-            async for raw in response.aiter_raw():
+            async for raw in response.aiter_bytes():
                 now = time.monotonic() - start
                 record.reads.append((now, len(raw)))
                 token_here = False
