@@ -97,6 +97,7 @@ def streamlab_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 @pytest.fixture
 def streamlab_edge_url(streamlab_lab: LabTarget) -> str:
+    """Where clients connect (http://host:port, no /v1): every hop's faults on the way."""
     return streamlab_lab.edge_url
 
 
@@ -141,6 +142,8 @@ class Toxics:
 
 @pytest.fixture
 def streamlab_toxics(streamlab_lab: LabTarget) -> Iterator[Toxics]:
+    """Faults on the lab's hops as context managers: `idle_cut(hop, seconds=)`,
+    `latency(hop, ms=)`, `cut(hop)`; each is undone when its block ends."""
     from streamlab.lab.target import Capability, require
 
     require(streamlab_lab, [Capability.TOGGLE_HOPS], "streamlab_toxics")
@@ -164,10 +167,6 @@ def streamlab_engine_record(streamlab_lab: LabTarget
 
 # ---- `streamlab check` as tests -------------------------------------------------------
 
-class CheckFailed(Exception):
-    """A conformance check did not hold: its line is the test's failure."""
-
-
 class CheckItem(pytest.Item):
     """One check of `streamlab check` against --streamlab-target; the checks
     run once per session (the first item runs them all) and each item reports
@@ -185,13 +184,8 @@ class CheckItem(pytest.Item):
         if shown == "n/a":
             pytest.skip(part.reason)
         if shown != "pass":
-            raise CheckFailed(line(part))
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> str:
-        if isinstance(excinfo.value, CheckFailed):
-            return str(excinfo.value)
-        return str(super().repr_failure(excinfo))
+            # The check's line is the whole story (evidence and fix): no traceback.
+            pytest.fail(line(part), pytrace=False)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
         return "streamlab check", None, f"streamlab check: {self.check}"

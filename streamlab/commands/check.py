@@ -52,9 +52,11 @@ def check_command(
     only: Annotated[list[str] | None, typer.Option(
         help=f"Run only these checks (repeatable): {', '.join(CHECKS)}.")] = None,
     silence_s: Annotated[float, typer.Option(
-        help="The silence before the first token to ask a streamlab gateway for.")] = 20.0,
+        help="The silence before the first token to ask a streamlab gateway for "
+             "(longer than --idle-cut-s; other servers get a long prompt).")] = 25.0,
     idle_cut_s: Annotated[float, typer.Option(
-        help="The idle timeout a heartbeat must beat (a proxy's read timeout).")] = 10.0,
+        help="The idle timeout a heartbeat must beat: a proxy's read timeout (nginx and "
+             "cloud load balancers: 60 s; 20 s leaves a margin).")] = 20.0,
     streams: Annotated[int, typer.Option(help="Concurrency check: streams at once.")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Report as JSON.")] = False,
     junit: Annotated[Path | None, typer.Option(

@@ -38,8 +38,8 @@ class CheckTarget:
     api_key: str | None = None
     metrics_url: str | None = None  # a Prometheus /metrics of the server behind the URL
     lab_knobs: bool = False  # the server takes the lab's `streamlab` request object
-    silence_s: float = 20.0  # the silence to ask for before the first token
-    idle_cut_s: float = 10.0  # the idle cut the heartbeat must beat (a proxy's read timeout)
+    silence_s: float = 25.0  # the silence to ask a streamlab gateway for before the first token
+    idle_cut_s: float = 20.0  # the idle cut a heartbeat must beat (a proxy's read timeout)
     streams: int = 8  # concurrency check: streams at once
     stop_within_s: float = 5.0  # cancel check: the generation stops within this
     timeout_s: float = 60.0  # every request's read timeout: no check hangs
