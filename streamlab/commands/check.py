@@ -93,6 +93,7 @@ def check_command(
         print(as_json_text(report))
     else:
         show(report, console)
+        # One line per check, whole (a table cell wraps): the evidence and the fix.
         for part in report.parts:
             console.print(line(part), markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(exit_status(report))

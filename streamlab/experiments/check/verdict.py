@@ -66,10 +66,25 @@ def line(part: Report) -> str:
     return out + (f": {detail}" if detail else "") + (f" — {remedy}" if remedy else "")
 
 
+# The figures each check's row shows (all of them are in --json and the JUnit).
+HEADLINE: dict[str, tuple[str, ...]] = {
+    "framing": ("events", "tokens"), "errors": ("bad_requests", "answered_5xx"),
+    "first-byte": ("ttfb_s", "ttft_s"), "heartbeat": ("longest_silence_s", "comments"),
+    "idle-cut": ("reached_done",), "cancel": ("gauge", "stopped_after_s"),
+    "concurrency": ("streams", "gap_p50_s", "gap_p99_s"),
+}
+
+
+def headline(part: Report) -> str:
+    return ", ".join(f"{name} {cell(part.figures[name])}"
+                     for name in HEADLINE.get(part.variant, ()) if name in part.figures)
+
+
 def table(parts: Iterable[Report]) -> Table:
-    rows = tuple((p.variant, verdict(p), evidence(p) if verdict(p) != "pass" else p.story,
-                  fix(p)) for p in parts)
-    return Table("streamlab check", ("check", "verdict", "evidence / why", "fix"), rows)
+    rows = tuple((p.variant, verdict(p), headline(p),
+                  evidence(p) if verdict(p) != "pass" else p.story) for p in parts)
+    return Table("streamlab check", ("check", "verdict", "figures", "evidence / why"), rows,
+                 caption="fails: the fix is in the lines below")
 
 
 def exit_status(report: Report) -> int:
