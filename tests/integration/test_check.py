@@ -38,6 +38,8 @@ def explained(report: Report) -> str:
     return "\n".join(f"{line(part)}\n    {part.figures}" for part in report.parts)
 
 
+@pytest.mark.local_only("the check runs the local Toxiproxy binary in front of the gateway, "
+                        "and its subject is the gateway's own code, the same in containers")
 async def test_the_lab_gateway_passes_every_check(lab: LabTarget) -> None:
     report = await check_url(target(lab.edge_url + "/v1", "streamlab-fake",
                                     lab.engine_metrics_url_of("engine")))
@@ -111,7 +113,12 @@ def test_the_command_exits_1_on_a_failure_and_writes_junit(tmp_path: Path) -> No
     assert "longest_silence_s" in failure.get("message", "")
 
 
-def test_the_command_exits_3_when_nothing_answers_and_2_on_a_bad_url() -> None:
+def test_the_command_exits_3_when_nothing_answers_and_2_on_usage() -> None:
     (port,) = free_ports(1)
-    assert streamlab("check", f"http://127.0.0.1:{port}/v1", "--model", "m").returncode == 3
+    url = f"http://127.0.0.1:{port}/v1"
+    assert streamlab("check", url, "--model", "m").returncode == 3
     assert streamlab("check", "ftp://example/v1", "--model", "m").returncode == 2
+    assert streamlab("check", url, "--model", "m", "--only", "nonsense").returncode == 2
+    unset = streamlab("check", url, "--model", "m", "--api-key-env", "STREAMLAB_NO_SUCH_VAR")
+    assert unset.returncode == 2
+    assert "STREAMLAB_NO_SUCH_VAR is not set" in unset.stdout
