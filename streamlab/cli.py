@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from streamlab.commands import bench, compose, console, lab, scenario, soak, toxic
+from streamlab.commands import bench, check, compose, console, lab, scenario, soak, toxic
 from streamlab.commands.exits import EXIT_STATUS_HELP
 
 # Shell completion: `streamlab --install-completion` (bash, zsh, fish, PowerShell).
@@ -18,6 +18,7 @@ app.registered_commands.extend(lab.app.registered_commands)
 # Families of commands register here, one line each:
 app.registered_commands.extend(soak.app.registered_commands)
 app.registered_commands.extend(console.app.registered_commands)
+app.registered_commands.extend(check.app.registered_commands)
 toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")

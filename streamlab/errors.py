@@ -10,6 +10,8 @@
       │   │                         `streamlab compose config` generates (compose_config.py)
       │   ├── BackendChoiceError    an engine backend option is missing or wrong
       │   │                         (also a ValueError; engine_backend.py)
+      │   ├── TargetUnreachable     the lab (its Toxiproxy) or a checked server does not
+      │   │                         answer: exit status 3 (also a RuntimeError; target.py)
       │   ├── MissingCapability     an experiment needs a capability this lab lacks
       │   │                         (pids, logs, ...; also a RuntimeError; target.py)
       │   ├── ToxiproxyError        Toxiproxy refused (.status_code) or was unreachable
@@ -23,8 +25,6 @@
       │   │                         scenarios/model.py)
       │   ├── FloodTooLong          the engine caps answers below what a stalled reader
       │   │                         needs (also a RuntimeError; load_clients.py)
-      │   ├── TargetUnreachable     the lab's Toxiproxy does not answer: the plan stops,
-      │   │                         exit status 3 (also a RuntimeError; scenarios/runner.py)
       │   ├── ReadersRefused        some requests of a bench never reached the engine
       │   │                         (also a RuntimeError; bench/slow_readers.py)
       │   └── BrowserError          the headless browser failed (browser.py)

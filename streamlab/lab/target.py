@@ -192,6 +192,12 @@ class LabTarget(Protocol):
     def logs(self) -> Mapping[str, Path] | None: ...
 
 
+class TargetUnreachable(StreamlabError, RuntimeError):
+    """The target is not there: a lab whose Toxiproxy API does not answer, a
+    server that does not answer HTTP. Nothing after it could run either, so an
+    experiment stops and its command exits 3."""
+
+
 class MissingCapability(StreamlabError, RuntimeError):
     """A measurement needs something this lab cannot give (pids, logs, ...)."""
 

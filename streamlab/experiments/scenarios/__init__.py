@@ -37,13 +37,13 @@ from streamlab.experiments.scenarios.model import (
 )
 from streamlab.experiments.scenarios.registry import all_scenarios, get, names, register
 from streamlab.experiments.scenarios.runner import (
-    TargetUnreachable,
     plan_runs,
     run,
     run_plan,
     timing_for,
 )
 from streamlab.experiments.timing import Timing
+from streamlab.lab.target import TargetUnreachable
 
 __all__ = ["MODES", "THINK_AFTER_TOKEN", "Check", "ClientSettings", "Measured", "Mode", "Report",
            "Scenario", "ScenarioUnavailable", "Setup", "TargetUnreachable", "Timeline",

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from streamlab.errors import StreamlabError
 from streamlab.experiments.report import Artifact, Figures, Report, judge
 from streamlab.experiments.scenarios import registry
 from streamlab.experiments.scenarios.model import (
@@ -34,7 +33,13 @@ from streamlab.experiments.scenarios.model import (
     ScenarioUnavailable,
 )
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import Capability, LabTarget, MissingCapability, require
+from streamlab.lab.target import (
+    Capability,
+    LabTarget,
+    MissingCapability,
+    TargetUnreachable,
+    require,
+)
 from streamlab.lab.toxiproxy import ToxiproxyError
 from streamlab.lab.watchdog import ToxiproxyWatchdog
 
@@ -85,11 +90,6 @@ def timing_for(lab: LabTarget, **overrides: Any) -> Timing:
                      + gateway.engine_keepalive_timeout_s,
                      gateway_dead_after_s=engine.keepalive_s + engine.keepalive_timeout_s)
     return replace(timing, **{k: v for k, v in overrides.items() if v is not None})
-
-
-class TargetUnreachable(StreamlabError, RuntimeError):
-    """The lab is not there (its Toxiproxy API does not answer): nothing after
-    this run could run either, so the plan stops."""
 
 
 # What every run asks of the target whatever the scenario: the runner resets

@@ -1,0 +1,111 @@
+"""Framing: the stream is what an OpenAI SDK can read.
+
+    stream    every event parses by the WHATWG rules (the project's codec) and
+              its data is JSON, `data: [DONE]` ends the stream and nothing
+              follows it, `usage` rides on the last chunk when
+              `stream_options.include_usage` is asked
+    errors    a bad request gets a 4xx whose body is OpenAI's error object
+              ({"error": {"message": ..., "type": ...}}), and no malformed
+              request gets a 5xx (a 5xx tells clients to retry what will never
+              succeed, and pages whoever is on call)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from streamlab.experiments.check.stream import stream_chat
+from streamlab.experiments.check.target import CheckTarget
+from streamlab.experiments.check.verdict import judged
+from streamlab.experiments.report import Check, Report
+
+
+def malformed(model: str) -> dict[str, bytes]:
+    """Malformed requests, a few of the lab's own catalogue of bad input
+    (tests/integration/bad_input_cases.py): what is wrong with each → its raw
+    body. Every one must get a 4xx, never a 5xx."""
+    ok_messages = [{"role": "user", "content": "hi"}]
+    cases: dict[str, Any] = {
+        "messages is not a list": {"model": model, "messages": "hi", "stream": True},
+        "no messages": {"model": model, "stream": True},
+        "max_tokens is a string": {"model": model, "messages": ok_messages,
+                                   "max_tokens": "ten", "stream": True},
+        "an unknown role": {"model": model, "messages": [{"role": "robot", "content": "hi"}],
+                            "stream": True},
+        "a negative max_tokens": {"model": model, "messages": ok_messages, "max_tokens": -1,
+                                  "stream": True},
+    }
+    out = {name: json.dumps(body).encode() for name, body in cases.items()}
+    out["a body that is not JSON"] = b'{"model": "' + model.encode() + b'", "messages": ['
+    return out
+
+
+def error_shape(body: bytes) -> bool:
+    """OpenAI's error object: {"error": {"message": str, "type": str, ...}}."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    return (isinstance(error, dict) and isinstance(error.get("message"), str)
+            and isinstance(error.get("type"), str | None))
+
+
+async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+    body = target.body("Say hello in five words.", max_tokens=16,
+                       lab={"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": 8},
+                       stream_options={"include_usage": True})
+    record = await stream_chat(client, target.chat_url, body, target.headers())
+    usage = (record.last_chunk or {}).get("usage")
+    figures = {
+        "status": record.status, "events": record.events, "tokens": record.tokens,
+        "not_json": len(record.bad_json), "done_last": record.done and not record.after_done,
+        "usage_on_last": isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int),
+        "transport_error": record.error or None,
+    }
+    return judged("framing", "events parse (WHATWG), [DONE] ends the stream, usage on the "
+                  "last chunk", figures, (
+        Check("status", "==", 200, "the stream request was refused: check --model and the key"),
+        Check("not_json", "==", 0, "an event's data is not JSON: an SDK raises on it; send one "
+                                   "JSON chunk per `data:` line and a blank line after each"),
+        Check("done_last", "==", True, "the stream must end with `data: [DONE]` and nothing "
+                                       "after it; SDKs wait for it (or read on past it)"),
+        Check("usage_on_last", "==", True, "stream_options.include_usage asks for a last chunk "
+                                           "with `usage` (choices: []); send it before [DONE]"),
+    ))
+
+
+async def error_framing(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+    headers = {**target.headers(), "Content-Type": "application/json"}
+    statuses: dict[str, int] = {}
+    shapes: dict[str, bool] = {}
+    for name, raw in malformed(target.model).items():
+        try:
+            response = await client.post(target.chat_url, content=raw, headers=headers)
+        except httpx.HTTPError:
+            statuses[name] = 0  # dropped without an answer
+            shapes[name] = False
+            continue
+        statuses[name] = response.status_code
+        shapes[name] = error_shape(response.content)
+    not_4xx = [f"{name}: {code or 'dropped'}" for name, code in statuses.items()
+               if not 400 <= code < 500]
+    figures = {
+        "bad_requests": len(statuses),
+        "answered_5xx": sum(code >= 500 for code in statuses.values()),
+        "not_4xx": len(not_4xx),
+        "first_not_4xx": not_4xx[0] if not_4xx else None,
+        "error_object": all(shapes.values()),
+        "first_bad_shape": next((n for n, ok in shapes.items() if not ok), None),
+    }
+    return judged("errors", "malformed requests get a 4xx with OpenAI's error object",
+                  figures, (
+        Check("answered_5xx", "==", 0, "validate the request before starting the generation "
+                                       "and answer 400/422; a 5xx makes clients retry"),
+        Check("not_4xx", "==", 0, "a malformed request must get a 4xx"),
+        Check("error_object", "==", True, "answer errors as {\"error\": {\"message\", "
+                                          "\"type\"}}: SDKs read the message from there"),
+    ))

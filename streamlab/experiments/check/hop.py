@@ -1,0 +1,121 @@
+"""The check's own hops in front of the target.
+
+    toxiproxy_hop   the lab's patched Toxiproxy (find_toxiproxy), one proxy
+                    "target" from a free local port to the target: every check
+                    goes through it, so faults can be injected on the way (the
+                    pytest plugin's `streamlab_toxics` does) without touching
+                    the server under test
+    idle_cut_relay  a TCP relay that closes a connection after `idle_s` with no
+                    byte from the server, as a proxy's read timeout does (nginx's
+                    proxy_read_timeout, a load balancer's idle timeout). Why not a
+                    Toxiproxy toxic: its `timeout` toxic stops the data and closes
+                    after a fixed time from when it is added, bytes or no bytes,
+                    so it cuts a heartbeating stream too; an idle cut must count
+                    from the last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from streamlab.lab import processes
+from streamlab.lab.local import find_toxiproxy
+from streamlab.lab.processes import ServiceSpec
+
+PROXY = "target"  # the one proxy's name on the check's Toxiproxy
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass(frozen=True)
+class Hop:
+    api: str  # the Toxiproxy API's base URL
+    port: int  # where the proxy listens on 127.0.0.1
+
+
+@contextlib.contextmanager
+def toxiproxy_hop(host: str, port: int, run_dir: Path | None = None) -> Iterator[Hop]:
+    """A Toxiproxy of the check's own, with one proxy to host:port; stopped on exit."""
+    api_port, listen = free_ports(2)
+    with contextlib.ExitStack() as stack:
+        if run_dir is None:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="check-")))
+        config = run_dir / "toxiproxy.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps([{"name": PROXY, "listen": f"127.0.0.1:{listen}",
+                                       "upstream": f"{host}:{port}", "enabled": True}]))
+        api = f"http://127.0.0.1:{api_port}"
+        spec = ServiceSpec(f"toxiproxy-check-{listen}",
+                           [find_toxiproxy(), "-host", "127.0.0.1", "-port", str(api_port),
+                            "-config", str(config)],
+                           ready=lambda: httpx.get(f"{api}/version", timeout=1.0).is_success)
+        running = processes.start(spec, run_dir)
+        try:
+            processes.wait_ready(running)
+            yield Hop(api, listen)
+        finally:
+            processes.stop(running, grace_s=5.0)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                idle_s: float | None) -> None:
+    """Copy until EOF; with `idle_s`, give up after that long with no byte."""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), idle_s)
+            if not chunk:
+                break
+            writer.write(chunk)
+            await writer.drain()
+    except (TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def idle_cut_relay(host: str, port: int, idle_s: float) -> AsyncIterator[int]:
+    """A relay on a free local port to host:port that cuts a connection (both
+    ways) after `idle_s` with no byte from the server; yields its port."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(host, port)
+        except OSError:
+            client_w.close()
+            return
+        up = asyncio.create_task(_pipe(client_r, server_w, None))
+        down = asyncio.create_task(_pipe(server_r, client_w, idle_s))
+        tasks.update((up, down))
+        # Whichever way ends first ends the connection: a cut closes both sides.
+        await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+        server_w.close()
+        client_w.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,89 @@
+"""What `streamlab check` checks: an OpenAI-compatible base URL and a model,
+and what that server offers beyond the OpenAI API.
+
+Some checks need something a foreign server may not give; each names it
+(`Needs`) and is n/a with that reason when it is missing, instead of guessing:
+
+    silence     a long silence before the first token. On a streamlab gateway
+                the request's `streamlab.prefill_ms` makes one; on any other
+                server a long prompt is the only lever, and a fast server may
+                answer too soon for a heartbeat to be needed (n/a, not fail).
+    metrics     a Prometheus /metrics with a gauge of running generations whose
+                name is known (KNOWN_RUNNING_GAUGES); without one, whether a
+                generation stops when its client leaves is not observable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from urllib.parse import urlsplit, urlunsplit
+
+from streamlab.experiments.report import JSON
+
+# Gauges of generations running now, by server: the name and what it is.
+KNOWN_RUNNING_GAUGES: dict[str, str] = {
+    "vllm:num_requests_running": "vLLM's requests running on the GPU",
+    "streamlab_engine_running": "the lab engine's generations holding a slot",
+}
+
+
+class Needs(StrEnum):
+    SILENCE = "silence"
+    METRICS = "metrics"
+
+
+@dataclass(frozen=True)
+class CheckTarget:
+    base_url: str  # http://host:port/v1, as OpenAI SDKs take it
+    model: str
+    api_key: str | None = None
+    metrics_url: str | None = None  # a Prometheus /metrics of the server behind the URL
+    lab_knobs: bool = False  # the server takes the lab's `streamlab` request object
+    silence_s: float = 25.0  # the silence to ask a streamlab gateway for before the first token
+    idle_cut_s: float = 20.0  # the idle cut a heartbeat must beat (a proxy's read timeout)
+    streams: int = 8  # concurrency check: streams at once
+    stop_within_s: float = 5.0  # cancel check: the generation stops within this
+    timeout_s: float = 60.0  # every request's read timeout: no check hangs
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {self.base_url!r}")
+
+    @property
+    def chat_url(self) -> str:
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.base_url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def plain_http(self) -> bool:
+        return urlsplit(self.base_url).scheme == "http"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def via(self, host: str, port: int) -> CheckTarget:
+        """The same target reached through a hop listening on host:port (plain
+        http: a TCP hop in front of TLS would break the certificate's name)."""
+        parts = urlsplit(self.base_url)
+        return replace(self, base_url=urlunsplit(
+            ("http", f"{host}:{port}", parts.path, parts.query, parts.fragment)))
+
+    def body(self, content: str, *, max_tokens: int, lab: dict[str, JSON] | None = None,
+             **extra: JSON) -> dict[str, JSON]:
+        """A streamed chat request; `lab` (the fake model's timing) is sent only
+        to a target that takes the lab's knobs."""
+        out: dict[str, JSON] = {"model": self.model, "stream": True, "max_tokens": max_tokens,
+                                  "messages": [{"role": "user", "content": content}], **extra}
+        if lab and self.lab_knobs:
+            out["streamlab"] = lab
+        return out

@@ -1,0 +1,161 @@
+"""Small real OpenAI-compatible servers that misbehave in one way each, for
+`streamlab check` to flag (tests/integration/test_check.py). Each is a
+Starlette app served by uvicorn on a free port in a thread of the test:
+
+    buffer  produces its tokens one by one but sends the whole answer (headers
+            included) only at the end: what a buffering proxy does
+    silent  thinks for `silence_s` before the first token of a long prompt (a
+            prefill) and sends nothing meanwhile: no heartbeat
+    leak    keeps generating when the client leaves, and says so on /metrics
+            (vLLM's `vllm:num_requests_running`, which stays up)
+
+Otherwise each streams correctly (framing, usage, 4xx with OpenAI's error
+object for bad input), so only the matching check should flag it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.integration.conftest import free_ports
+
+Mode = Literal["buffer", "silent", "leak"]
+MODEL = "test-model"
+TOKEN_GAP_S = 0.02
+LONG_PROMPT_CHARS = 5000  # a prompt this long "prefills" for silence_s on the silent server
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
+                                   "param": None, "code": None}}, status_code=status)
+
+
+def _invalid(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list"
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in (
+                "system", "user", "assistant", "tool", "developer"):
+            return "a message has no valid role"
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        return "max_tokens must be a positive integer"
+    return None
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    payload = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+               "model": MODEL, "choices": [{"index": 0, "delta": delta,
+                                            "finish_reason": finish}]}
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def _usage(tokens: int) -> bytes:
+    payload = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+               "model": MODEL, "choices": [],
+               "usage": {"prompt_tokens": 1, "completion_tokens": tokens,
+                         "total_tokens": tokens + 1}}
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+class MisbehavingServer:
+    def __init__(self, mode: Mode, silence_s: float = 3.0) -> None:
+        self.mode = mode
+        self.silence_s = silence_s
+        self.running = 0  # generations running now (the leak's gauge)
+        self.app = Starlette(routes=[
+            Route("/v1/models", self.models),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/metrics", self.metrics),
+        ])
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "created": 0, "owned_by": "tests"}]})
+
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{MODEL}"}} {self.running}\n')
+
+    async def generate(self, count: int, prefill_s: float, out: asyncio.Queue[bytes | None]
+                       ) -> None:
+        self.running += 1
+        try:
+            await asyncio.sleep(prefill_s)
+            for i in range(count):
+                out.put_nowait(_chunk({"content": f"t{i} "}))
+                await asyncio.sleep(TOKEN_GAP_S)
+            out.put_nowait(_chunk({}, "length"))
+            out.put_nowait(None)
+        finally:
+            self.running -= 1
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return _error("the body is not JSON")
+        problem = _invalid(body)
+        if problem is not None:
+            return _error(problem)
+        count = min(body.get("max_tokens", 16), 2000)
+        long_prompt = sum(len(str(m.get("content", ""))) for m in body["messages"])
+        prefill_s = self.silence_s if (self.mode == "silent"
+                                       and long_prompt > LONG_PROMPT_CHARS) else 0.0
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        task = asyncio.create_task(self.generate(count, prefill_s, queue))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                while (item := await queue.get()) is not None:
+                    yield item
+                if usage:
+                    yield _usage(count)
+                yield b"data: [DONE]\n\n"
+            finally:
+                if self.mode != "leak":
+                    task.cancel()  # the client left: stop generating (the leak does not)
+
+        if self.mode == "buffer":
+            whole = b"".join([item async for item in events()])
+            return Response(whole, media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@contextlib.contextmanager
+def serve(server: MisbehavingServer) -> Iterator[str]:
+    """The server on a free port in a thread; yields its OpenAI base URL."""
+    port = free_ports(1)[0]
+    config = uvicorn.Config(server.app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off", ws="none")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15.0
+    while not running.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the {server.mode} test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        running.should_exit = True
+        running.force_exit = True  # the leak's generations would hold the shutdown
+        thread.join(timeout=10.0)

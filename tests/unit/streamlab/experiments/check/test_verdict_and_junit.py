@@ -1,0 +1,120 @@
+"""The pure parts of `streamlab check`: verdicts, lines, exit status, the JUnit
+writer, the metrics reader and the stream record's arithmetic."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from streamlab.experiments.check.cancel import gauge
+from streamlab.experiments.check.framing import error_shape
+from streamlab.experiments.check.junit import junit_xml
+from streamlab.experiments.check.stream import StreamRecord
+from streamlab.experiments.check.target import CheckTarget
+from streamlab.experiments.check.verdict import (
+    EXIT_FAILED,
+    EXIT_OK,
+    errored,
+    exit_status,
+    judged,
+    line,
+    not_applicable,
+    table,
+    verdict,
+)
+from streamlab.experiments.report import Check, Report
+
+HOLDS = judged("framing", "events parse", {"not_json": 0}, (Check("not_json", "==", 0),))
+FAILS = judged("heartbeat", "bytes in silence", {"longest_silence_s": 3.0},
+               (Check("longest_silence_s", "<", 1.5, "send `: ping`"),))
+NA = not_applicable("cancel", "leaves stop", "not observable: no metrics")
+ERR = errored("concurrency", "", "ConnectError: refused")
+
+
+def run(*parts: Report) -> Report:
+    return Report("check", "http://x/v1", parts=parts, tables=(table(parts),))
+
+
+def test_verdicts_and_lines() -> None:
+    assert [verdict(p) for p in (HOLDS, FAILS, NA, ERR)] == ["pass", "fail", "n/a", "error"]
+    assert line(HOLDS) == "pass  framing"
+    assert line(FAILS) == ("fail  heartbeat: longest_silence_s < 1.5 (measured 3) "
+                           "— send `: ping`")
+    assert line(NA) == "n/a   cancel: not observable: no metrics"
+
+
+@pytest.mark.parametrize(("parts", "status"), [
+    ((HOLDS, NA), EXIT_OK), ((HOLDS, FAILS), EXIT_FAILED), ((HOLDS, ERR), EXIT_FAILED),
+    ((), EXIT_OK)])
+def test_exit_status(parts: tuple[Report, ...], status: int) -> None:
+    assert exit_status(run(*parts)) == status
+
+
+def test_junit_has_one_testcase_per_check_with_the_evidence() -> None:
+    root = ET.fromstring(junit_xml(run(HOLDS, FAILS, NA, ERR)))
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"),
+            suite.get("errors")) == ("4", "1", "1", "1")
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert list(cases) == ["framing", "heartbeat", "cancel", "concurrency"]
+    assert len(cases["framing"]) == 1
+    assert cases["framing"][0].tag == "system-out"
+    failure = cases["heartbeat"].find("failure")
+    assert failure is not None
+    assert failure.get("message") == "longest_silence_s < 1.5 (measured 3)"
+    assert "send `: ping`" in (failure.text or "")
+    skipped = cases["cancel"].find("skipped")
+    assert skipped is not None
+    assert skipped.get("message") == "not observable: no metrics"
+
+
+def test_junit_escapes_what_the_server_sent() -> None:
+    nasty = judged("framing", "", {"first": "<&\"'>"}, (Check("first", "==", "ok"),))
+    root = ET.fromstring(junit_xml(run(nasty)))
+    failure = root.find("testsuite/testcase/failure")
+    assert failure is not None
+    assert "<&\"'>" in failure.get("message", "")
+
+
+def test_gauge_sums_every_label_set_and_knows_absence() -> None:
+    text = ("# HELP vllm:num_requests_running running\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="a"} 2.0\n'
+            'vllm:num_requests_running{model_name="b"} 1\n'
+            "vllm:num_requests_running_total 9\n"
+            "streamlab_engine_running 0\n")
+    assert gauge(text, "vllm:num_requests_running") == 3.0
+    assert gauge(text, "streamlab_engine_running") == 0.0
+    assert gauge(text, "sglang:num_running_reqs") is None
+
+
+@pytest.mark.parametrize(("body", "ok"), [
+    (b'{"error": {"message": "bad", "type": "invalid_request_error"}}', True),
+    (b'{"error": {"message": "bad", "type": null}}', True),
+    (b'{"error": "bad"}', False), (b'{"detail": "bad"}', False), (b"Bad Request", False),
+    (b"[]", False)])
+def test_error_shape(body: bytes, ok: bool) -> None:
+    assert error_shape(body) is ok
+
+
+def test_longest_silence_counts_from_the_request_to_the_first_token() -> None:
+    record = StreamRecord(headers_s=0.1, first_token_s=5.0,
+                          reads=[(0.5, 9), (1.0, 9), (4.0, 9), (5.0, 50)])
+    assert record.longest_silence_s == pytest.approx(3.0)
+    assert record.bytes_before_first_token == 27
+    held = StreamRecord(headers_s=4.0, first_token_s=4.0, reads=[(4.0, 100)])
+    assert held.longest_silence_s == pytest.approx(4.0)
+    assert StreamRecord().longest_silence_s is None
+
+
+def test_the_target_reached_through_a_hop_keeps_its_path() -> None:
+    target = CheckTarget("https://api.example.com/openai/v1", "m")
+    assert not target.plain_http
+    assert target.port == 443
+    hopped = target.via("127.0.0.1", 9000)
+    assert hopped.chat_url == "http://127.0.0.1:9000/openai/v1/chat/completions"
+    assert "streamlab" not in target.body("hi", max_tokens=1, lab={"prefill_ms": 1})
+    with pytest.raises(ValueError, match="not an http"):
+        CheckTarget("ftp://x/v1", "m")
