@@ -19,6 +19,7 @@ from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.processes import StartError
+from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import REPO_ROOT, Ports, console_url
 
@@ -80,6 +81,13 @@ def up(
     store: Annotated[str | None, typer.Option(
         help="The gateways' resume store: memory or redis (Redis behind the `store` "
              "hop). Default: redis with more than one gateway, else memory.")] = None,
+    proxy: Annotated[str, typer.Option(
+        help=f"The proxy where nginx stands: {', '.join(PROXY_NAMES)} (installed on "
+             "first use; docs/proxies.md).")] = "nginx",
+    proxy_config: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, metavar="FILE",
+        help="Your own config for --proxy, with the lab's addresses as placeholders "
+             "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
 ) -> None:
     """Start engine, Toxiproxy, gateway, nginx and the console (detached); print their URLs."""
     _not_for_compose("docker compose up --build -d")
@@ -96,14 +104,22 @@ def up(
             raise typer.Exit(1)
     if store not in (None, "memory", "redis"):
         raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
+    if proxy not in PROXY_NAMES:
+        raise typer.BadParameter(f"--proxy {proxy!r}: one of {', '.join(PROXY_NAMES)}")
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
                          gateway_env=choice.gateway_env, console=with_console,
-                         gateways=gateways, engines=engines, store=store)
+                         gateways=gateways, engines=engines, store=store,
+                         proxy=proxy, proxy_config=proxy_config.resolve() if proxy_config else None)
     if nginx_send_timeout_s is not None:
         options.nginx = NginxOptions(send_timeout_s=nginx_send_timeout_s)
     if choice.engine_ready_timeout_s is not None:
         options.engine_ready_timeout_s = choice.engine_ready_timeout_s
-    lab = Lab(Ports.load(), options)
+    try:
+        lab = Lab(Ports.load(), options)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _install_proxy(lab)
+    _warn_idle_cuts(lab)
     try:
         with console.status(f"starting the lab ({backend} model)…"):
             lab.up()
@@ -120,6 +136,33 @@ def up(
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")
     console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
+
+
+def _install_proxy(lab: Lab) -> None:
+    """The first `--proxy X` installs X with the project's script."""
+    from streamlab.lab.proxies import ProxyNotInstalled, install
+
+    try:
+        lab.proxy.find()
+    except ProxyNotInstalled:
+        console.print(f"{lab.edge_proxy} is not installed: installing it "
+                      "(scripts/install_proxies.sh)")
+        install(lab.edge_proxy)
+
+
+def _warn_idle_cuts(lab: Lab) -> None:
+    """A user's config whose idle timeout is no longer than the gateway's
+    heartbeat interval cuts streams even with heartbeats: say which directive."""
+    from streamlab.lab.proxies.idle import cuts_streams, fill
+
+    config = lab.options.proxy_config
+    heartbeat_s = lab.options.gateway_settings().heartbeat_s
+    if config is None or heartbeat_s <= 0:
+        return
+    text = fill(config.read_text(), lab.proxy.environment(lab.proxy_setup))
+    for timeout in cuts_streams(lab.edge_proxy, text, heartbeat_s + 1.0):
+        err.print(f"[yellow]{config}: {timeout.describe()} is not longer than the gateway's "
+                  f"{heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
 
 
 @app.command()
@@ -152,8 +195,10 @@ def _print_status(lab: LabTarget) -> None:
     table = Table("service", "address", "pid", "health")
     for name, entry in lab.status().items():
         health = "[green]healthy[/]" if entry["healthy"] else "[red]down[/]"
-        table.add_row(name, entry["url"], str(entry["pid"] or "-"), health)
+        # The edge proxy's row: the proxy that stands in nginx's slot.
+        table.add_row(entry.get("proxy", name), entry["url"], str(entry["pid"] or "-"), health)
     console.print(table)
+    console.print(f"edge proxy: {lab.edge_proxy}")
     _print_engine_load(lab)
     ports = lab.ports
     console.print(f"metrics: {lab.gateway_url}/metrics · engine "
