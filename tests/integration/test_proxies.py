@@ -114,7 +114,7 @@ BAD_CONFIGS = {
               "location / { proxy_buffering maybe; } } }\n", "proxy_buffering"),
     "haproxy": ("defaults\n  mode http\n  timeout sever 1s\n", "timeout"),
     "caddy": ("http://{$STREAMLAB_LISTEN} {\n\treverse_proxy {$STREAMLAB_UPSTREAM} {\n"
-              "\t\tflush_interval soon\n\t}\n}\n", "flush_interval"),
+              "\t\tflush_interval soon\n\t}\n}\n", "soon"),
     "traefik": ("http:\n  routers:\n    mine:\n      rule: \"PathPrefix(`/`)\"\n"
                 "      service: nowhere\n", "nowhere"),
 }

@@ -139,8 +139,8 @@ class EdgeProxy(ABC):
         if done.returncode != 0:
             said = (done.stderr + done.stdout).strip()
             raise ProxyConfigError(
-                f"{self.name} refused the config {config} ({' '.join(command)}, "
-                f"exit {done.returncode}):\n{said}")
+                f"{self.name} refused the config {setup.user_config or config} (run as: "
+                f"{' '.join(command)}; exit {done.returncode}):\n{said}")
 
 
 def which(binary: str, *extra: Path) -> str | None:

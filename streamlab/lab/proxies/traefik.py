@@ -19,6 +19,8 @@ from streamlab.lab.topology import REPO_ROOT
 # Traefik's log lines at level error or worse, in its default (common) format:
 # `2026-12-02T03:00:00Z ERR ...`, and in JSON (`"level":"error"`).
 _ERROR_LINE = re.compile(r"^\S+ (ERR|FTL|PNC) |\"level\":\"(error|fatal|panic)\"")
+# Terminal colours, should a log carry them anyway.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Traefik(EdgeProxy):
@@ -44,6 +46,8 @@ class Traefik(EdgeProxy):
             # A changed file is a reload (`reload_command`).
             "--providers.file.watch=true",
             "--log.level=INFO",
+            # Plain lines in the log file, so startup_errors can read them.
+            "--log.noColor=true",
             "--accessLog=false",
             "--global.checkNewVersion=false",
             "--global.sendAnonymousUsage=false",
@@ -56,4 +60,5 @@ class Traefik(EdgeProxy):
 
     def startup_errors(self, log: str) -> list[str]:
         """Traefik's error lines in its log (module docstring)."""
-        return [line for line in log.splitlines() if _ERROR_LINE.search(line)]
+        lines = _ANSI.sub("", log).splitlines()
+        return [line for line in lines if _ERROR_LINE.search(line)]
