@@ -153,14 +153,16 @@ def _install_proxy(lab: Lab) -> None:
 def _warn_idle_cuts(lab: Lab) -> None:
     """A user's config whose idle timeout is no longer than the gateway's
     heartbeat interval cuts streams even with heartbeats: say which directive."""
-    from streamlab.lab.proxies.idle import cuts_streams, fill
+    from streamlab.lab.proxies.idle import fill, idle_timeouts
 
     config = lab.options.proxy_config
     heartbeat_s = lab.options.gateway_settings().heartbeat_s
     if config is None or heartbeat_s <= 0:
         return
     text = fill(config.read_text(), lab.proxy.environment(lab.proxy_setup))
-    for timeout in cuts_streams(lab.edge_proxy, text, heartbeat_s + 1.0):
+    for timeout in idle_timeouts(lab.edge_proxy, text):
+        if timeout.seconds > heartbeat_s:
+            continue
         err.print(f"[yellow]{config}: {timeout.describe()} is not longer than the gateway's "
                   f"{heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
 

@@ -174,7 +174,8 @@ async def paused_chat(http: httpx.AsyncClient, url: str, heartbeat_s: float) -> 
 
 def streamed(result: StreamResult) -> bool:
     """Tokens spread over the generation, the first well before the last."""
-    assert result.ttft_s is not None and len(result.token_times) == TOKENS
+    assert result.ttft_s is not None
+    assert len(result.token_times) == TOKENS
     return (result.ttft_s < 0.5 * result.total_s
             and result.token_times[-1] - result.token_times[0] > 0.5 * result.total_s)
 
@@ -183,7 +184,8 @@ async def test_the_lab_says_which_proxy_stands_at_its_edge(proxy_lab: Lab) -> No
     assert proxy_lab.edge_proxy == proxy_lab.options.proxy
     status = proxy_lab.status()
     assert status["nginx"]["proxy"] == proxy_lab.edge_proxy
-    assert status["nginx"]["healthy"] and status["edge"]["healthy"]
+    assert status["nginx"]["healthy"]
+    assert status["edge"]["healthy"]
     # Another process attached to it (`streamlab status`) says the same.
     assert Lab.attach(proxy_lab.run_dir).edge_proxy == proxy_lab.edge_proxy
 
@@ -195,7 +197,8 @@ async def test_streaming_location_passes_tokens_one_by_one(
     result = await stream_chat(http, completions(proxy_lab.edge_url), body,
                                headers={"Accept-Encoding": "gzip"})
     assert result.status == 200, result.error
-    assert result.done and result.error is None
+    assert result.done
+    assert result.error is None
     assert streamed(result), (result.ttft_s, result.token_times, result.total_s)
 
 
@@ -205,7 +208,8 @@ async def test_out_of_the_box_location(proxy_lab: Lab, http: httpx.AsyncClient) 
     body = chat_body("hello", prefill_ms=PREFILL_MS, token_gap_ms=GAP_MS, answer_tokens=TOKENS)
     result = await stream_chat(http, completions(proxy_lab.edge_url, "/buffered/"), body,
                                headers={"Accept-Encoding": "gzip"})
-    assert result.done and len(result.texts) == TOKENS, result.error
+    assert result.done, result.error
+    assert len(result.texts) == TOKENS
     assert result.first_byte_s is not None
     lump = (result.first_byte_s >= 0.9 * result.total_s
             and result.token_times[-1] - result.token_times[0] < 0.1 * result.total_s)
@@ -227,7 +231,9 @@ async def test_short_idle_timeout_cuts_a_silent_stream_only(
     result = await paused_chat(http, completions(proxy_lab.edge_url, "/short-timeout/"),
                                heartbeat_s)
     if heartbeat_s:
-        assert result.done and result.error is None and len(result.texts) == 5
+        assert result.done
+        assert result.error is None
+        assert len(result.texts) == 5
     else:
         assert not result.done, "a stream silent past the idle timeout must be cut"
         assert 1 <= len(result.texts) < 5
@@ -245,7 +251,8 @@ async def test_user_config_runs_in_the_chain_and_its_idle_timeout_is_named(
     require_installed(name)
     lab = start_lab(tmp_path / "lab", name, USER_CONFIGS[name])
     try:
-        assert lab.edge_proxy == name and lab.status()["edge"]["healthy"]
+        assert lab.edge_proxy == name
+        assert lab.status()["edge"]["healthy"]
         text = fill(USER_CONFIGS[name], lab.proxy.environment(lab.proxy_setup))
         cutting = cuts_streams(name, text, PAUSE_S)
         result = await paused_chat(http, completions(lab.edge_url), 0.0)
@@ -255,10 +262,12 @@ async def test_user_config_runs_in_the_chain_and_its_idle_timeout_is_named(
             return
         assert [t.directive for t in cutting] == [IDLE_DIRECTIVE[name]]
         assert cutting[0].seconds == 1.0
-        assert not result.done and 1 <= len(result.texts) < 5
+        assert not result.done
+        assert 1 <= len(result.texts) < 5
         # With pings more often than the timeout, the same config keeps it.
         kept = await paused_chat(http, completions(lab.edge_url), HEARTBEAT_S)
-        assert kept.done and kept.error is None
+        assert kept.done
+        assert kept.error is None
     finally:
         lab.down()
 
@@ -272,6 +281,7 @@ def test_a_config_the_proxy_refuses_is_a_clear_error(name: str, tmp_path: Path) 
     with pytest.raises(StartError) as refused:
         start_lab(tmp_path / "lab", name, text)
     message = str(refused.value)
-    assert name in message and phrase in message, message
+    assert name in message, message
+    assert phrase in message, message
     assert "was not ready within" not in message, message
     assert time.monotonic() - started < 30.0
