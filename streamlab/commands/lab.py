@@ -130,8 +130,10 @@ def up(
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
                   "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
-    console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} {lab.edge_h2_url}/nginx-health"
-                  "   (the lab's CA; docs/http2.md says how a browser trusts it)")
+    if lab.edge_proxy == "nginx":  # the HTTP/2 edge is nginx's TLS listener
+        console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} "
+                      f"{lab.edge_h2_url}/nginx-health"
+                      "   (the lab's CA; docs/http2.md says how a browser trusts it)")
     if with_console:
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")

@@ -290,8 +290,9 @@ class Lab(ServedLab):
                 out.seek(logged_before)
                 errors = self.proxy.startup_errors(out.read().decode(errors="replace"))
             if errors:
-                return (f"{self.edge_proxy} did not take its config "
-                        f"{self.proxy_config_path}:\n" + "\n".join(errors[-5:]))
+                config = self.options.proxy_config or self.proxy_config_path
+                return (f"{self.edge_proxy} did not take its config {config}:\n"
+                        + "\n".join(errors[-5:]))
             return None
 
         processes.wait_until(spec.ready, spec.ready_timeout_s, self.edge_proxy, died=refused,
