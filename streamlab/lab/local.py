@@ -311,6 +311,12 @@ class Lab(ServedLab):
         self.save_state()
         self._wait_for_chain()
 
+    def reload_proxy(self) -> None:
+        """The edge proxy takes its config again (its source as it is now: the
+        user's edited file), in place, and the chain serves through it."""
+        self.proxy.reload(self.proxy_setup, self.pids["nginx"])
+        self._wait_for_chain()
+
     def _wait_for_chain(self) -> None:
         processes.wait_until(self.chain_ready, 15.0, "the chain (edge /readyz)",
                              log_hint=lambda: f"see logs in {self.run_dir / 'logs'}")

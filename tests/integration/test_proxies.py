@@ -22,6 +22,7 @@ from streamlab.lab.processes import StartError
 from streamlab.lab.proxies import PROXY_NAMES, ProxyNotInstalled, edge_proxy
 from streamlab.lab.proxies.idle import cuts_streams, fill
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, free_lab_ports
+from tests.wait import wait_until_async
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.anyio,
@@ -81,7 +82,7 @@ backend app
 """,
     "caddy": """
 {
-\tadmin off
+\tadmin unix/{$STREAMLAB_RUN_DIR}/admin.sock
 \tauto_https off
 }
 http://{$STREAMLAB_LISTEN} {
@@ -108,6 +109,18 @@ http:
 # The directive each user config above names for its idle timeout.
 IDLE_DIRECTIVE = {"nginx": "proxy_read_timeout", "haproxy": "timeout server",
                   "caddy": "read_timeout"}
+# An edit to each user config above that adds a response header, to see a
+# reload take the edited file: (what to find, what to put there).
+RELOAD_EDITS = {
+    "nginx": ("proxy_read_timeout 1s;",
+              "proxy_read_timeout 1s;\n      add_header X-Reloaded yes always;"),
+    "haproxy": ("backend app\n", "backend app\n  http-response set-header X-Reloaded yes\n"),
+    "caddy": ("\treverse_proxy", "\theader X-Reloaded yes\n\treverse_proxy"),
+    "traefik": ("      service: app\n",
+                "      service: app\n      middlewares: [reloaded]\n  middlewares:\n"
+                "    reloaded:\n      headers:\n        customResponseHeaders:\n"
+                "          X-Reloaded: \"yes\"\n"),
+}
 # A config each proxy refuses, and a phrase of the proxy's own refusal.
 BAD_CONFIGS = {
     "nginx": ("events {}\nhttp { server { listen ${STREAMLAB_LISTEN}; "
@@ -242,12 +255,13 @@ async def test_short_idle_timeout_cuts_a_silent_stream_only(
 
 
 @pytest.mark.parametrize("name", PROXY_NAMES)
-async def test_user_config_runs_in_the_chain_and_its_idle_timeout_is_named(
+async def test_user_config_runs_in_the_chain_names_its_idle_timeout_and_reloads(
     name: str, tmp_path: Path, http: httpx.AsyncClient
 ) -> None:
     """`--proxy-config`: the user's file, placeholders filled in, serves the
     chain; its idle timeout shorter than the model's pause cuts a silent
-    stream, and the lab's check names the directive that does."""
+    stream, and the lab's check names the directive that does; an edit to
+    the file is taken by a reload."""
     require_installed(name)
     lab = start_lab(tmp_path / "lab", name, USER_CONFIGS[name])
     try:
@@ -259,17 +273,40 @@ async def test_user_config_runs_in_the_chain_and_its_idle_timeout_is_named(
         if name in NO_IDLE_TIMEOUT:
             assert cutting == []
             assert result.done, result.error
-            return
-        assert [t.directive for t in cutting] == [IDLE_DIRECTIVE[name]]
-        assert cutting[0].seconds == 1.0
-        assert not result.done
-        assert 1 <= len(result.texts) < 5
-        # With pings more often than the timeout, the same config keeps it.
-        kept = await paused_chat(http, completions(lab.edge_url), HEARTBEAT_S)
-        assert kept.done
-        assert kept.error is None
+        else:
+            assert [t.directive for t in cutting] == [IDLE_DIRECTIVE[name]]
+            assert cutting[0].seconds == 1.0
+            assert not result.done
+            assert 1 <= len(result.texts) < 5
+            # With pings more often than the timeout, the same config keeps it.
+            kept = await paused_chat(http, completions(lab.edge_url), HEARTBEAT_S)
+            assert kept.done
+            assert kept.error is None
+        await reload_takes_the_edited_file(lab, http)
     finally:
         lab.down()
+
+
+async def reload_takes_the_edited_file(lab: Lab, http: httpx.AsyncClient) -> None:
+    """The user edits the file; `reload_proxy` makes the running proxy (the
+    same process) take it: its answers carry the header the edit added."""
+    config = lab.options.proxy_config
+    assert config is not None
+    pid = lab.pids["nginx"]
+    readyz = f"{lab.edge_url}/readyz"
+    assert "x-reloaded" not in (await http.get(readyz)).headers
+    old, new = RELOAD_EDITS[lab.edge_proxy]
+    config.write_text(config.read_text().replace(old, new, 1))
+    lab.reload_proxy()
+
+    async def reloaded() -> bool:
+        # Old workers may answer for a moment (nginx, HAProxy: the reload is a
+        # signal; Traefik: a file watch): a new connection each time.
+        async with httpx.AsyncClient(timeout=5.0) as fresh:
+            return bool((await fresh.get(readyz)).headers.get("x-reloaded") == "yes")
+
+    await wait_until_async(reloaded, timeout_s=10.0, what=f"{lab.edge_proxy} reloaded")
+    assert lab.pids["nginx"] == pid
 
 
 @pytest.mark.parametrize("name", PROXY_NAMES)

@@ -122,6 +122,22 @@ class EdgeProxy(ABC):
         proxy that keeps running with a config it could not use."""
         return []
 
+    def reload(self, setup: ProxySetup, pid: int) -> None:
+        """Make the running proxy (pid) take its config again, from its source
+        (the user's file or the template) as it is now: rewritten, checked,
+        then the reload command, run with the placeholders' environment (Caddy's
+        `caddy reload` reads the Caddyfile itself)."""
+        binary = self.find()
+        config = self.write_config(setup)
+        self.check(binary, config, setup)
+        command = self.reload_command(binary, config, setup, pid)
+        done = subprocess.run(command, env={**os.environ, **self.environment(setup)},
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                              check=False, cwd=setup.run_dir)
+        if done.returncode != 0:
+            raise ProxyConfigError(f"{self.name} did not reload ({' '.join(command)}, exit "
+                                   f"{done.returncode}):\n{(done.stderr + done.stdout).strip()}")
+
     def check(self, binary: str, config: Path, setup: ProxySetup) -> None:
         """Run the proxy's config check; ProxyConfigError quoting it on failure.
         Before the start: a config that cannot start fails here, at once,

@@ -7,6 +7,9 @@ from pathlib import Path
 from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, not_installed, which
 from streamlab.lab.topology import REPO_ROOT
 
+# The admin API's address in the lab's Caddyfile: a socket in the run dir.
+ADMIN_SOCKET = "unix/{$STREAMLAB_RUN_DIR}/admin.sock"
+
 
 class Caddy(EdgeProxy):
     name = "caddy"
@@ -34,9 +37,10 @@ class Caddy(EdgeProxy):
 
     def reload_command(self, binary: str, config: Path, setup: ProxySetup,
                        pid: int) -> list[str]:
-        # Through the admin socket the lab's Caddyfile sets (a user's Caddyfile
-        # without one has Caddy's default admin address, and needs no --address).
+        # Through the admin socket the lab's Caddyfile sets, and a user's that
+        # sets the same (docs/proxies.md); any other reaches Caddy's default
+        # admin address (localhost:2019), and one with `admin off` cannot reload.
         command = [binary, "reload", "--config", str(config), "--adapter", "caddyfile"]
-        if setup.user_config is None:
+        if ADMIN_SOCKET in config.read_text():
             command += ["--address", f"unix/{setup.run_dir}/admin.sock"]
         return command
