@@ -43,5 +43,6 @@ for proxy in "${wanted[@]}"; do
     *) echo "unknown proxy '$proxy'; one of: nginx haproxy caddy traefik" >&2; exit 2 ;;
   esac
 done
-# Debian starts a system haproxy and caddy at install (ports 80, 2019); the lab
-# runs its own on its own ports and leaves those alone.
+# Where an init system runs, Debian's packages start a system haproxy and caddy
+# (port 80, Caddy's admin on 2019); the lab runs its own on its own ports and
+# leaves those alone.
