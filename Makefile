@@ -4,13 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install up down status test lint typecheck protos check-protos unit integration clean \
-	test-compose compose-config toxiproxy-regression
+.PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
+	integration clean test-compose compose-config toxiproxy-regression
 
+# Everything: the lab tool, plots and the dev tools (what the tests need).
 install:
 	@bash scripts/install.sh
 
-up: install
+# Only what the lab runs; `make up PLOT=1` adds matplotlib for `bench --plot`.
+comma := ,
+install-lab:
+	@STREAMLAB_EXTRAS=lab$(if $(PLOT),$(comma)plot) bash scripts/install.sh
+
+up: install-lab
 	@$(BIN)/streamlab up
 
 down:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the lab needs, skipping what is already there:
-#   - .venv/ with the project, the lab tool's and the plots' extras and the dev
-#     tools: pip install -e '.[dev,lab,plot]' (Python packages from PyPI)
+#   - .venv/ with the project and the extras STREAMLAB_EXTRAS names (default
+#     dev,lab,plot: the lab tool, the plots and the dev tools): pip install -e
+#     '.[EXTRAS]' (Python packages from PyPI). `make up` asks for `lab` only,
+#     what the lab runs; `make test` for all three. A venv that already has a
+#     superset of the extras asked for is left as it is.
 #   - nginx and redis-server from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI, built from the pinned module source with the
@@ -23,19 +26,30 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   echo "streamlab needs Python >= 3.11 (found: $("$PYTHON" --version 2>&1))." >&2
   exit 1
 fi
+EXTRAS="${STREAMLAB_EXTRAS:-dev,lab,plot}"
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  say "creating .venv and installing the project (pip install -e '.[dev,lab,plot]')"
+# The stamp file lists the extras installed for this pyproject.toml, one a line.
+has_extras() {
+  [ -f "$stamp" ] || return 1
+  local extra
+  for extra in ${1//,/ }; do grep -qxF "$extra" "$stamp" || return 1; done
+}
+if ! has_extras "$EXTRAS"; then
+  # What this pyproject's venv already has stays (a `make test` after `make up`
+  # adds the dev tools, it does not trade the lab's for them).
+  wanted=$( { [ -f "$stamp" ] && cat "$stamp"; tr ',' '\n' <<<"$EXTRAS"; } | sort -u | paste -sd, -)
+  say "creating .venv and installing the project (pip install -e '.[$wanted]')"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev,lab,plot]'
-  rm -f .venv/.installed-* && touch "$stamp"
+  .venv/bin/python -m pip install -q -e ".[$wanted]"
+  rm -f .venv/.installed-* && tr ',' '\n' <<<"$wanted" > "$stamp"
 fi
-if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && [ ! -f "$stamp.hf" ]; then
+if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && ! has_extras hf; then
   say "installing the hf extra (torch + transformers, several GB: takes minutes)"
   started=$SECONDS
-  .venv/bin/python -m pip install -q -e '.[dev,lab,plot,hf]'
-  touch "$stamp.hf"
+  wanted=$(sort -u "$stamp" | paste -sd, -)
+  .venv/bin/python -m pip install -q -e ".[$wanted,hf]"
+  echo hf >> "$stamp"
   say "hf extra installed in $((SECONDS - started)) s"
 fi
 

@@ -8,9 +8,11 @@ from typing import Annotated
 import typer
 
 from streamlab.commands import bench, compose, console, lab, scenario, soak, toxic
+from streamlab.commands.exits import EXIT_STATUS_HELP
 
 # Shell completion: `streamlab --install-completion` (bash, zsh, fish, PowerShell).
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=True)
+app = typer.Typer(help=__doc__, epilog=EXIT_STATUS_HELP, no_args_is_help=True,
+                  add_completion=True)
 # Lab lifecycle: up, down, status, chat (top-level commands).
 app.registered_commands.extend(lab.app.registered_commands)
 # Families of commands register here, one line each:

@@ -25,6 +25,8 @@
       │   ├── ScenarioUnavailable   this lab or machine cannot run the scenario: the
       │   │                         tests skip with its reason (also a RuntimeError;
       │   │                         scenarios/model.py)
+      │   ├── FloodTooLong          the engine caps answers below what a stalled reader
+      │   │                         needs (also a RuntimeError; load_clients.py)
       │   ├── TargetUnreachable     the lab's Toxiproxy does not answer: the plan stops,
       │   │                         exit status 3 (also a RuntimeError; scenarios/runner.py)
       │   ├── ReadersRefused        some requests of a bench never reached the engine

@@ -20,6 +20,7 @@ from services.gateway.limits import BodySizeLimit
 from services.gateway.model_routes import router as model_router
 from services.gateway.openai_routes import router as openai_router
 from services.gateway.polling_routes import router as polling_router
+from services.gateway.responses_routes import router as responses_router
 from services.gateway.resume_routes import router as resume_router
 from services.gateway.settings import GatewaySettings
 from services.gateway.state import GatewayState
@@ -69,7 +70,11 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
             if owns_engine:
                 await gateway.engine.close()
 
-    app = FastAPI(title="streamlab gateway", lifespan=lifespan)
+    # The API's description only when asked for (settings.api_docs): through
+    # the edge it would answer anyone, key or not.
+    docs: dict[str, Any] = {} if settings.api_docs else {
+        "openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="streamlab gateway", lifespan=lifespan, **docs)
     app.state.gateway = gateway
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: an unauthenticated request costs nothing.
@@ -79,6 +84,7 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
     app.include_router(resume_router)  # /v1/streams and /demo (Last-Event-ID resume)
     app.include_router(polling_router)  # /v1/jobs: short and long polling
     app.include_router(ws_router)  # /ws: one prompt in, one message per token
+    app.include_router(responses_router)  # /v1/responses: streamed, background, resumable
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:

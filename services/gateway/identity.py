@@ -3,8 +3,10 @@ per-client caps (services/gateway/limits.py, taken by the lease) and for who
 owns a resumable stream or a polling job (another identity gets 404).
 
     auth on     "key:<sha256 of the bearer key, 16 hex>": the key itself,
-                parsed as BearerAuth parses it (scheme in any case, spaces
-                around the key ignored), so `Bearer  sk-a` is still sk-a's
+                parsed as BearerAuth parses it (auth.parse_bearer: scheme in
+                any case, spaces around the key ignored), so `Bearer  sk-a`
+                is still sk-a's; Authorization twice is a 400 before either
+                reads it, auth on or off
     auth off    "addr:<client address>": the peer, or the address the proxy in
                 front forwards (uvicorn rewrites the peer from X-Forwarded-For
                 when the peer is in `forwarded_allow_ips`; nginx sets it)
@@ -21,6 +23,7 @@ import re
 
 from starlette.requests import HTTPConnection
 
+from services.gateway.auth import parse_bearer
 from services.gateway.settings import GatewaySettings
 
 # What X-Client-Id may hold when trusted: printable ASCII, bounded.
@@ -28,11 +31,11 @@ _CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 def bearer_token(connection: HTTPConnection) -> str | None:
-    scheme, _, token = connection.headers.get("authorization", "").strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
+    """The key, read by the same rule as BearerAuth (which refuses a request
+    with more than one Authorization header, so there is one to read)."""
+    # latin-1 round-trips the header's bytes, whatever they are.
+    token = parse_bearer(connection.headers.get("authorization", "").encode("latin-1"))
+    return None if token is None else token.decode("latin-1")
 
 
 def client_identity(connection: HTTPConnection, settings: GatewaySettings) -> str:

@@ -182,6 +182,10 @@ class GatewayMetrics:
             "streamlab_gateway_engine_errors", "Engine failures by code",
             ["code"], registry=self.registry,
         )
+        self.ws_origin_refused = Counter(
+            "streamlab_gateway_ws_origin_refused", "/ws handshakes refused for their Origin",
+            registry=self.registry,
+        )
         self.ttft = LoopHistograms(
             "streamlab_gateway_ttft_seconds",
             "Lease open (admission) to the first token read from the engine",

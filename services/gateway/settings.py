@@ -101,6 +101,19 @@ class GatewaySettings(BaseSettings):
     # `model_not_found`, and no `model` at all means this one.
     model_aliases: list[str] = Field(default_factory=lambda: ["streamlab-fake"])
 
+    # ---- other sites (services/gateway/ws_routes.py; docs/api.md) -----------------
+    # Browsers let any page open a WebSocket to any host, sending the page's
+    # Origin; /ws opens only for these, and for clients that send no Origin
+    # (not browsers). The lab console's page (http://127.0.0.1:PORT and
+    # http://localhost:PORT; the lab sets its port from lab.env's
+    # STREAMLAB_CONSOLE_PORT) and each of `ws_allowed_origins`
+    # ("scheme://host[:port]", exact). None: not even the console's.
+    console_port: int | None = Field(8475, ge=1, le=65535)
+    ws_allowed_origins: list[str] = Field(default_factory=list)
+    # The API's own description (/openapi.json, /docs, /redoc): off, since
+    # it would answer anyone through the edge without a key.
+    api_docs: bool = False
+
     # ---- who is asking (services/gateway/identity.py) -----------------------------
     # The client's identity for the per-client caps and for who owns a stream or
     # a job: the bearer key (hashed) when auth is on, else the client's address.

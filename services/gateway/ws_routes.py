@@ -15,7 +15,9 @@ The contract:
                               surrogate, a limit the engine names
                         1008  refused by policy: a broken mode this gateway
                               refuses (auth refuses the handshake itself,
-                              services/gateway/auth.py)
+                              services/gateway/auth.py, and so does an
+                              Origin not allowed: before the upgrade, so
+                              the client sees an HTTP 403)
                         1009  a prompt over the gateway's size limits
                         1011  the engine failed
                         1012  the gateway is draining
@@ -59,6 +61,7 @@ from services.gateway.openai_api import (
     StreamlabOptions,
     WireText,
 )
+from services.gateway.settings import GatewaySettings
 from services.gateway.state import GatewayDep
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -123,8 +126,35 @@ async def _receive_prompt(websocket: WebSocket, max_bytes: int) -> WsPrompt | No
     return WsPrompt.parse(text)
 
 
+def allowed_origins(settings: GatewaySettings) -> frozenset[str]:
+    """The origins whose pages may open /ws: the lab console's and the configured ones."""
+    origins = {origin.strip().rstrip("/").lower() for origin in settings.ws_allowed_origins}
+    if settings.console_port is not None:
+        origins |= {f"http://{host}:{settings.console_port}"
+                    for host in ("127.0.0.1", "localhost", "[::1]")}
+    return frozenset(origins)
+
+
+def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
+    """No Origin: not a browser (a browser always sends one on a WebSocket
+    handshake), so nothing cross-site about it. `null` (a sandboxed frame, a
+    file: page) and every origin not listed are refused; compared exactly,
+    so `http://127.0.0.1:8475.evil.example` is not the console."""
+    return origin is None or origin.lower() in allowed
+
+
 @router.websocket("/ws")
 async def ws_stream(websocket: WebSocket, gateway: GatewayDep) -> None:
+    # A page on any site can open a WebSocket here: the browser checks
+    # nothing (no CORS for WebSockets) and reports the page's Origin, so the
+    # check is the server's, before the handshake completes.
+    if not origin_allowed(websocket.headers.get("origin"),
+                          allowed_origins(gateway.settings)):
+        gateway.metrics.ws_origin_refused.inc()
+        await websocket.close(CLOSE_POLICY, json.dumps(
+            {"code": "origin_not_allowed", "type": "invalid_request_error"},
+            separators=(",", ":")))
+        return
     await websocket.accept()
     try:
         async with asyncio.timeout(PROMPT_TIMEOUT_S):

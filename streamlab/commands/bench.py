@@ -1,9 +1,16 @@
 """`streamlab bench`: measure the transports, the relay, silent readers and
-cancellation on a running lab."""
+cancellation on a running lab.
+
+Every bench exits 0 when its checks held, 1 when one did not (or it crashed),
+2 on a usage error or a lab without a capability it needs, 3 when the lab is
+unreachable (commands/exits.py). Two benches measure against targets rather
+than judge a run: `relay` (performance targets) and `scale` (a sweep meant to
+cross its cadence target): they show a missed target and exit 0."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -12,14 +19,31 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.commands.exits import (
+    EXIT_CODES,
+    EXIT_CODES_TARGETS,
+    experiment_exits,
+    reach,
+    verdict_exit,
+)
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.experiments import render
 from streamlab.experiments.bench.transports import BENCH_TIMING, run_transports, transport_names
 from streamlab.experiments.report import Report
 
-app = typer.Typer(help=__doc__, no_args_is_help=True)
+app = typer.Typer(help=__doc__, no_args_is_help=True,
+                  short_help="Measure transports, relay, silent readers, cancellation.")
 console = Console()
 err = Console(stderr=True)
+
+
+def _plot_extra(plot: Path | None) -> Path | None:
+    """`--plot` needs matplotlib, the `plot` extra, which `make up` leaves out
+    unless asked: say so before the bench runs, not after."""
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
+                                 ".venv/bin/pip install -e '.[plot]'")
+    return plot
 
 
 def _progress() -> Progress:
@@ -29,18 +53,22 @@ def _progress() -> Progress:
 
 
 def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
-            plot: Path | None = None) -> Report:
+            plot: Path | None = None, verdict: bool = True) -> None:
     """Every bench ends here: its plot written when asked (listed among the report's
-    artifacts), then the report printed as JSON, Markdown or tables."""
+    artifacts), then the report printed as JSON, Markdown or tables, then the
+    exit status of its verdict (0 every check held, 1 not); a bench whose
+    checks are targets to read, not a verdict (`verdict=False`), exits 0."""
     if plot is not None:
         report = render.plot(report, plot)
         for artifact in report.artifacts:
             err.print(f"plot written to {artifact.path}")
     render.show(report, console, as_json=as_json, as_markdown=as_markdown)
-    return report
+    if verdict:
+        verdict_exit(report)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES,
+             short_help="Polling, long polling, SSE, WebSocket, gRPC: same model.")
 def transports(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     repetitions: Annotated[int, typer.Option("--reps", "-n", min=1,
@@ -53,15 +81,15 @@ def transports(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")
                            ] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the timeline and costs PNG here.")
-                    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the timeline and costs PNG here.")] = None,
 ) -> None:
     """Polling (several intervals), long polling, SSE, WebSocket and direct gRPC, same model."""
-    lab = attached(run_dir)
+    lab = reach(run_dir)
     intervals_ms = [int(x) for x in intervals.split(",") if x.strip()]
     names = transport_names(intervals_ms)
     timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
-    with _progress() as progress:
+    with experiment_exits(), _progress() as progress:
         task = progress.add_task("warming up", total=len(names) * (repetitions + 1))
 
         def on_run(name: str, rep: int) -> None:
@@ -73,7 +101,8 @@ def transports(
     _render(report, as_json=as_json, as_markdown=as_markdown, plot=plot)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="What each hop of the relay costs, against floor and naive.")
 def relay(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")
@@ -96,11 +125,11 @@ def relay(
     """gRPC vs gateway vs nginx vs the full chain, against a bare floor and the naive relay."""
     from streamlab.experiments.bench.relay import bench_relay
 
-    lab = attached(run_dir)
+    lab = reach(run_dir)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
     wanted = {name.strip() for name in only.split(",") if name.strip()}
-    with _progress() as progress:
+    with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting", total=None)
 
         def on_cell(label: str) -> None:
@@ -110,10 +139,12 @@ def relay(
         report = bench_relay(lab, run_dir / "logs", timing, levels, streams_c1,
                              (load_streams, load_gap_ms, load_tokens) if load_streams else None,
                              wanted, lambda steps: progress.update(task, total=steps), on_cell)
-    _render(report, as_json=as_json, as_markdown=as_markdown)
+    # Performance targets, shown beside the figures: a missed one is a finding.
+    _render(report, as_json=as_json, as_markdown=as_markdown, verdict=False)
 
 
-@app.command("slow-readers")
+@app.command("slow-readers", epilog=EXIT_CODES,
+             short_help="Clients that never read: gateway memory, wasted tokens.")
 def slow_readers(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     clients: Annotated[int, typer.Option(min=1, help="Silent readers at once (mind the "
@@ -124,17 +155,15 @@ def slow_readers(
     timeout_s: Annotated[float, typer.Option(min=1, help="Give up on a relay after this "
                                                          "long.")] = 240.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the RSS and tokens PNG here.")
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the RSS and tokens PNG here.")
                     ] = None,
 ) -> None:
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
     from streamlab.experiments.bench.slow_readers import ReadersRefused, ReadersRun, compare
 
-    lab = attached(run_dir)
-    if lab.pids is None:
-        err.print("[red]Reads the gateway's RSS by pid: local labs only.[/]")
-        raise typer.Exit(1)
-    with _progress() as progress:
+    lab = reach(run_dir)
+    with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting", total=None)
 
         def on_sample(run: ReadersRun) -> None:
@@ -149,7 +178,7 @@ def slow_readers(
     _render(report, as_json=as_json, plot=plot)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES, short_help="Abandoned streams: how fast the engine cancels.")
 def cancel(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     streams: Annotated[int, typer.Option(help="Abandoned streams to open.")] = 200,
@@ -167,23 +196,19 @@ def cancel(
     with --background, every background stream completed)."""
     from streamlab.experiments.bench.cancel import bench_cancel
 
-    lab = attached(run_dir)
-    if background and lab.pids is None:
-        err.print("[red]--background raises the caps by restarting the engine and the "
-                  "gateway: local labs only (`streamlab up`).[/]")
-        raise typer.Exit(2)
-    with _progress() as progress:
+    lab = reach(run_dir)
+    with experiment_exits(), _progress() as progress:
         task = progress.add_task(
             f"abandoning streams{f' beside {background} running' if background else ''}",
             total=streams)
         report = bench_cancel(lab, location=location, streams=streams, concurrency=concurrency,
                               gap_ms=gap_ms, background=background,
                               progress=lambda: progress.advance(task))
-    if not _render(report, as_json=as_json).as_expected:
-        raise typer.Exit(1)
+    _render(report, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES,
+             short_help="The hf backend on its device: throughput, TTFT, cancels.")
 def gpu(
     model: Annotated[str, typer.Option(help="A model directory (save_pretrained); "
                                             "default: random weights of --size.")] = "",
@@ -210,14 +235,14 @@ def gpu(
         model=model or None, size=size, device=device, dtype=cast(DType, dtype),
         batches=tuple(int(b) for b in batches.split(",")), max_tokens=max_tokens,
         cancel_after=cancel_after, cpu_threads=cpu_threads)
-    report = _render(asyncio.run(run_gpu_bench(options)), as_json=as_json)
+    report = asyncio.run(run_gpu_bench(options))
     for failure in report.failures:
         err.print(f"FAIL {failure.description} (measured {failure.measured})")
-    if not report.as_expected:
-        raise typer.Exit(1)
+    _render(report, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="N paced streams: cadence, TTFT, CPU per token as N grows.")
 def scale(
     run_dir: RunDir = DEFAULT_RUN_DIR,
     sweep: Annotated[str, typer.Option(help="Stream counts to try, comma-separated; stops "
@@ -231,10 +256,10 @@ def scale(
     entry: Annotated[str, typer.Option(help="Where streams enter: edge (the full chain), "
                                             "nginx or gateway.")] = "edge",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write the cadence and CPU PNG here (a "
-                                                   "directory: scale.png inside it; cell c: "
-                                                   "scale-slow.png beside it).")
-                    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the cadence and CPU PNG here (a directory: "
+                                   "scale.png inside it; cell c: scale-slow.png beside it).")
+    ] = None,
     slow_streams: Annotated[int, typer.Option(min=0, help="Cell c: slow streams at once "
                                                           "(1 token/s, heartbeat every 5 s); "
                                                           "0 skips the cell.")] = 5000,
@@ -248,10 +273,7 @@ def scale(
     heartbeat lateness, open files per process."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
 
-    lab = attached(run_dir)
-    if lab.pids is None:
-        err.print("[red]Reads each process's CPU and restarts the engine: local labs only.[/]")
-        raise typer.Exit(1)
+    lab = reach(run_dir)
     if entry not in ENTRIES:
         raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
 
@@ -261,17 +283,20 @@ def scale(
                   f"{icl.get('p50')} p99 {icl.get('p99')} ms, {cell.load.completed}/"
                   f"{cell.streams} complete, load {cell.loadavg[0]:.1f}")
 
-    report = bench_scale(
-        lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
-        step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
-        entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
-        cadence=not skip_cadence, on_cell=on_cell,
-        on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
-                                  "tokens each ..."))
-    _render(report, as_json=as_json, plot=plot)
+    with experiment_exits():
+        report = bench_scale(
+            lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
+            step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
+            entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
+            cadence=not skip_cadence, on_cell=on_cell,
+            on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
+                                      "tokens each ..."))
+    # The sweep is meant to cross the cadence target: a failed cell is the figure.
+    _render(report, as_json=as_json, plot=plot, verdict=False)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES,
+             short_help="Raw-socket load: TTFT, inter-chunk percentiles, its own CPU.")
 def load(
     url: Annotated[str, typer.Argument(help="Where to send the streams (the edge by default).")
                    ] = "",
@@ -290,7 +315,8 @@ def load(
     load generator's own CPU per token (so you can see it was not the limit)."""
     from streamlab.experiments.bench.load import bench_load
 
-    report = bench_load(url or f"{attached(run_dir).edge_url}/v1/chat/completions",
-                        streams=streams, rate=rate, duration_s=duration_s, tokens=tokens,
-                        gap_ms=gap_ms, heartbeat_s=heartbeat_s)
+    target = url or f"{reach(run_dir).edge_url}/v1/chat/completions"
+    with experiment_exits():
+        report = bench_load(target, streams=streams, rate=rate, duration_s=duration_s,
+                            tokens=tokens, gap_ms=gap_ms, heartbeat_s=heartbeat_s)
     _render(report, as_json=as_json)

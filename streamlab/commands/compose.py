@@ -13,12 +13,13 @@ from streamlab.lab.topology import REPO_ROOT
 
 app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy configs and "
                   "certificates.",
+                  short_help="The compose lab's generated proxy configs and certificates.",
                   no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
 
 
-@app.command()
+@app.command(short_help="Write Toxiproxy's and nginx's compose configs from lab.env.")
 def config(
     check: Annotated[bool, typer.Option(
         "--check", help="Fail if the committed files differ; write nothing.")] = False,
@@ -36,7 +37,7 @@ def config(
         console.print(f"wrote {path.relative_to(REPO_ROOT)}")
 
 
-@app.command()
+@app.command(short_help="Make the compose lab's CA and nginx TLS certificate.")
 def tls(
     directory: Annotated[str, typer.Option(
         "--dir", help="Where to write them (compose.yaml mounts STREAMLAB_TLS_DIR, "

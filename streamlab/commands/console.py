@@ -25,7 +25,10 @@ def console(
     port: Annotated[int | None, typer.Option(
         help="Listen on this port (default: STREAMLAB_CONSOLE_PORT from lab.env).")] = None,
 ) -> None:
-    """Serve the lab console: streams over every transport, toxics, presets, engine counters."""
+    """Serve the lab console (streams, toxics, presets, counters).
+
+    Streams over every transport, toxics, presets and the engine's counters, in
+    a browser."""
     import uvicorn
 
     from streamlab.console.app import create_app

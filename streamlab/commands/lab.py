@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.client.openai_stream import chat_body, stream_chat
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
@@ -28,6 +28,9 @@ console = Console()
 err = Console(stderr=True)
 
 RunDir = Annotated[Path, typer.Option(help="Where logs, pids and rendered configs live.")]
+# Every command that prints a result takes it; the result goes to stdout as one
+# JSON document, anything else (spinners, warnings) to stderr.
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 
 
@@ -88,8 +91,12 @@ def up(
         exists=True, dir_okay=False, metavar="FILE",
         help="Your own config for --proxy, with the lab's addresses as placeholders "
              "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Start engine, Toxiproxy, gateway, nginx and the console (detached); print their URLs."""
+    """Start the lab (detached) and print its services and URLs.
+
+    Engine, Toxiproxy, gateway, nginx and the console, each a detached process
+    whose logs and pids live in the run dir."""
     _not_for_compose("docker compose up --build -d")
     try:
         choice = choose(backend, model=model, device=device, dtype=dtype, base_url=base_url,
@@ -121,11 +128,14 @@ def up(
     _install_proxy(lab)
     _warn_idle_cuts(lab)
     try:
-        with console.status(f"starting the lab ({backend} model)…"):
+        with (err if as_json else console).status(f"starting the lab ({backend} model)…"):
             lab.up()
     except (StartError, FileNotFoundError) as exc:
         err.print(f"[red]streamlab up failed:[/] {exc}")
         raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(up_json(lab, with_console, run_dir), indent=2))
+        return
     _print_status(lab)
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
@@ -147,8 +157,9 @@ def _install_proxy(lab: Lab) -> None:
     try:
         lab.proxy.find()
     except ProxyNotInstalled:
-        console.print(f"{lab.edge_proxy} is not installed: installing it "
-                      "(scripts/install_proxies.sh)")
+        # stderr: progress, never part of `up --json`'s document.
+        err.print(f"{lab.edge_proxy} is not installed: installing it "
+                  "(scripts/install_proxies.sh)")
         install(lab.edge_proxy)
 
 
@@ -169,6 +180,16 @@ def _warn_idle_cuts(lab: Lab) -> None:
                   f"{heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
 
 
+def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
+    """What `up` prints, as data: each service (as `status --json`) and the URLs to use."""
+    urls = {"edge": lab.edge_url, "edge_h2": lab.edge_h2_url, "gateway": lab.gateway_url,
+            "toxiproxy": lab.toxiproxy_url,
+            "console": f"{console_url(lab.ports)}/" if with_console else None}
+    return {"services": lab.status(), "edge_proxy": lab.edge_proxy, "urls": urls,
+            "ca_cert": str(lab.tls.ca_cert),
+            "logs": str(run_dir / "logs")}
+
+
 @app.command()
 def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
     """Stop every service of the lab (SIGTERM, grace, SIGKILL)."""
@@ -185,7 +206,7 @@ def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
 @app.command()
 def status(
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Each service, its address and whether it answers."""
     lab = attached(run_dir)
@@ -238,6 +259,10 @@ def chat(
         help="The request's max_tokens: what bounds a real model's answer.")] = None,
     timeout_s: Annotated[float, typer.Option(help="Idle timeout between bytes.")] = 30.0,
     request_id: Annotated[str | None, typer.Option(help="X-Request-Id to send.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the reply as one JSON object when it ends (text, tokens, "
+                       "TTFT, total, request id, finish reason) instead of streaming it.")
+    ] = False,
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
@@ -250,7 +275,13 @@ def chat(
         async with httpx.AsyncClient(timeout=timeout) as client:
             result = await stream_chat(
                 client, url, body, headers={"X-Request-Id": request_id} if request_id else None,
-                on_token=lambda t: console.print(t, end="", soft_wrap=True))
+                on_token=None if as_json else (
+                    lambda t: console.print(t, end="", soft_wrap=True)))
+        if as_json:
+            print(json.dumps(chat_json(result), indent=2))
+            if result.error:
+                raise typer.Exit(1)
+            return
         console.print()
         if result.error:
             err.print(f"[red]error:[/] {result.error.get('message')} (HTTP {result.status})")
@@ -265,3 +296,11 @@ def chat(
     except KeyboardInterrupt:
         err.print("\n[yellow]interrupted[/]: the connection is closed, the engine cancels.")
         raise typer.Exit(130) from None
+
+
+def chat_json(result: StreamResult) -> dict[str, object]:
+    """`chat --json`: the reply and its timings, the figures the human line shows."""
+    return {"text": result.text, "tokens": len(result.texts), "status": result.status,
+            "ttft_s": result.ttft_s, "total_s": result.total_s,
+            "request_id": result.request_id, "finish_reason": result.finish_reason,
+            "done": result.done, "usage": result.usage, "error": result.error}

@@ -1,7 +1,8 @@
-"""`streamlab scenario list|run`: reproduce a failure, broken and fixed, with a verdict.
+"""`streamlab scenario list|show|run`: reproduce a failure, broken and fixed, with a verdict.
 
-    streamlab scenario list
+    streamlab scenario list                       # one line per scenario
     streamlab scenario list --json                # the catalogue as data
+    streamlab scenario show idle-cut [--json]     # one scenario: modes, setups, checks, needs
     streamlab scenario run idle-cut --both        # exit 0 only if every verdict is as expected
     streamlab scenario run all --json             # every scenario: one report, machine-readable
     streamlab scenario run all --shuffle --repeat 3 [--seed S]
@@ -15,13 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Annotated
+import time
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.commands.exits import (
+    EXIT_UNEXPECTED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    reach,
+)
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
+from streamlab.lab.target import Capability
+from streamlab.lab.watchdog import ToxiproxyWatchdog
 
 if TYPE_CHECKING:
     from streamlab.experiments.report import Figure, Report
@@ -30,13 +42,16 @@ if TYPE_CHECKING:
 # The catalogue (and the websockets client its measures use) is imported inside
 # the commands: every `streamlab ...` start would otherwise pay for it.
 
-EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-EXIT_CODES = """Exit status: 0 every verdict as expected (a scenario this machine cannot
-run is shown as skipped and is no wrong verdict); 1 a verdict not as expected (a
-check failed, or a measure crashed: an error); 2 usage (an unknown scenario or
-option); 3 the target is unreachable (no lab up, its Toxiproxy API down)."""
+# One line: rich rewraps the epilog. The codes are the ones every experiment
+# command shares (commands/exits.py).
+EXIT_CODES = ("Exit status: 0 every verdict as expected (a scenario this lab or machine "
+              "cannot run, a capability it needs missing, is shown as skipped and is no "
+              "wrong verdict); 1 a verdict not as expected (a check failed, or a measure "
+              "crashed: an error); 2 usage (an unknown scenario or option); 3 the target is "
+              "unreachable (no lab up, its Toxiproxy API down).")
 
 app = typer.Typer(help="Reproduce each streaming failure, broken and fixed, and measure it.",
+                  short_help="Reproduce each streaming failure, broken and fixed.",
                   no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
@@ -48,17 +63,78 @@ def list_scenarios(
         "--json", help="The whole catalogue as data: setups and checks per mode (bounds at "
                        "the default timing).")] = False,
 ) -> None:
-    """Every scenario, and what its broken and fixed setups are."""
+    """Every scenario, one line each (`scenario show NAME` for the rest)."""
     from streamlab.experiments.scenarios import Timing, all_scenarios
 
     if as_json:
         print(json.dumps([s.as_json(Timing()) for s in all_scenarios()], indent=2))
         return
-    table = Table("scenario", "what it shows", "broken", "fixed")
-    for scenario in all_scenarios():
-        table.add_row(scenario.name, scenario.summary, scenario.broken.story,
-                      scenario.fixed.story)
-    console.print(table)
+    catalogue = all_scenarios()
+    name_width = max(len(s.name) for s in catalogue)
+    for scenario in catalogue:
+        console.print(one_line(scenario.name, scenario.summary, name_width, console.width),
+                      highlight=False)
+
+
+def one_line(name: str, summary: str, name_width: int, width: int) -> Text:
+    """`name  summary`, the summary cut with an ellipsis so the line fits `width`
+    (a wrapped catalogue is a wall of text at 80 columns)."""
+    line = Text(f"{name:<{name_width}}  ", style="bold")
+    line.append(summary)
+    line.truncate(max(width, name_width + 4), overflow="ellipsis")
+    return line
+
+
+@app.command("show")
+def show_scenario(
+    name: Annotated[str, typer.Argument(help="A scenario (see `scenario list`).")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The scenario as data (bounds at the default timing).")] = False,
+) -> None:
+    """One scenario: its modes, setups, checks and needs.
+
+    What it shows, each mode's story, setup and checks (bounds at the default
+    timing), and what it needs of the lab."""
+    from streamlab.experiments.scenarios import MODES, Timing, get, names
+
+    if name not in names():
+        err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(names())}")
+        raise typer.Exit(EXIT_USAGE)
+    scenario, timing = get(name), Timing()
+    if as_json:
+        print(json.dumps(scenario.as_json(timing), indent=2))
+        return
+    console.print(f"[bold]{scenario.name}[/]: {scenario.summary}", highlight=False)
+    needs = ", ".join(str(c) for c in sorted(scenario.needs)) or "nothing beyond a lab that is up"
+    console.print(f"needs: {needs}", highlight=False)
+    for mode in MODES:
+        variant = scenario.variant(mode)
+        console.print(f"\n[bold]{mode}[/]: {variant.story}", highlight=False)
+        for line in _setup_lines(dict(variant.setup.as_json())):
+            _indented(f"setup: {line}")
+        for check in variant.expect:
+            _indented(f"check: {check.describe(timing)}" + (f" ({check.why})" if check.why else ""))
+    console.print("\n[dim]bounds shown at the default timing; `scenario run` scales them "
+                  "to the lab's[/]")
+
+
+def _indented(line: str) -> None:
+    # Indented as a whole, wrapped lines too, so each item stands out under its mode.
+    console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+
+
+def _setup_lines(setup: dict[str, Any]) -> list[str]:
+    """The setup's toxics one per line, then its other settings on one line."""
+    toxics = setup.pop("toxics", None) or []
+    lines = []
+    for toxic in toxics if isinstance(toxics, list) else []:
+        attributes = " ".join(f"{k}={v}" for k, v in (toxic.get("attributes") or {}).items())
+        lines.append(f"toxic on {toxic['hop']}: {toxic['type']} {toxic.get('stream', '')} "
+                     f"{attributes}".rstrip())
+    knobs = setup.pop("knobs", None) or {}
+    settings = [f"{k}={v}" for k, v in setup.items()]
+    settings += [f"{k}={v}" for k, v in (knobs.items() if isinstance(knobs, dict) else [])]
+    return [*lines, " ".join(settings)]
 
 
 @app.command("run", epilog=EXIT_CODES)
@@ -106,10 +182,7 @@ def run_command(
         ("broken",) if broken else ("fixed",))
     plan = scenarios.plan_runs(list(known) if name == "all" else [name], modes,
                                repeat=repeat, shuffle=shuffle, seed=seed)
-    try:
-        lab = attached(run_dir)
-    except typer.Exit as exc:  # attached() has said why: no lab from run_dir
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+    lab = reach(run_dir)
     timing = scenarios.timing_for(
         lab, prefill_ms=prefill_ms, gap_ms=gap_ms, tokens=tokens, think_s=think_s,
         heartbeat_s=heartbeat_s, watchdog_s=watchdog_s, tolerance_s=tolerance_s,
@@ -123,13 +196,20 @@ def run_command(
         console.print(f"shuffled with --seed {plan.seed}")
         for number, order in enumerate(plan.rounds, 1):
             console.print(f"repeat {number}: " + ", ".join(f"{n} {m}" for n, m in order))
+    # A lab that can restart its services gets the Toxiproxy watchdog: a hop
+    # process that wedges or dies mid-plan is restarted, not the end of the plan.
+    watchdog = (ToxiproxyWatchdog(lab) if Capability.RESTART_SERVICE in lab.capabilities
+                else None)
     try:
         report = asyncio.run(scenarios.run_plan(
             lab, plan, timing, on_start=progress.started if progress else None,
-            on_report=progress.ended if progress else None))
+            on_report=progress.ended if progress else None, watchdog=watchdog))
     except scenarios.TargetUnreachable as exc:
         err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
+    if watchdog is not None and not as_json:
+        for restart in watchdog.restarts:
+            err.print(f"[yellow]watchdog:[/] {restart.describe()}")
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     elif name == "all" or shuffle or repeat > 1:
@@ -139,29 +219,32 @@ def run_command(
 
 
 class Progress:
-    """Renders the runs as they end (the runner calls back)."""
+    """Says each run's start and end as it goes (a scenario's mode can take a
+    minute), and renders the reports (the runner calls back)."""
 
     def __init__(self, *, per_run: bool, modes: int, total: int, all_figures: bool) -> None:
         self.per_run, self.modes, self.total = per_run, modes, total
         self.all_figures = all_figures
         self.done = 0
         self.pending: list[Report] = []  # the current scenario's modes, not yet shown
+        self.started_at = time.monotonic()
+
+    def _head(self, repeat: int, scenario: str, mode: str) -> str:
+        again = f"repeat {repeat}: " if self.per_run else ""
+        return f"[bold][{self.done + 1}/{self.total}][/] {again}{scenario} {mode}"
 
     def started(self, repeat: int, scenario: str, mode: Mode) -> None:
-        if self.per_run:
-            console.print(f"[bold][{self.done + 1}/{self.total}][/] repeat {repeat}: "
-                          f"{scenario} {mode}")
+        self.started_at = time.monotonic()
+        console.print(f"{self._head(repeat, scenario, mode)} ...", highlight=False)
 
     def ended(self, repeat: int, report: Report) -> None:
         from streamlab.experiments.scenarios import get
 
+        took = time.monotonic() - self.started_at
+        outcome = verdict_markup(report)
+        console.print(f"{self._head(repeat, report.experiment, report.variant)} ... {outcome} "
+                      f"({took:.0f} s)", highlight=False)
         self.done += 1
-        if report.status == "skipped":
-            err.print(f"[yellow]skipped[/] {report.experiment} {report.variant}: "
-                      f"{report.reason}")
-        elif report.status == "error":
-            err.print(f"[bold red]error[/] {report.experiment} {report.variant}: "
-                      f"{report.reason}")
         scenario = get(report.experiment)
         if self.per_run:
             if report.status == "ran":
@@ -175,6 +258,16 @@ class Progress:
             self.pending = []
 
 
+def verdict_markup(report: Report) -> str:
+    """One run's verdict, coloured: skipped and errors with their reason."""
+    if report.status == "skipped":
+        return f"[yellow]skipped[/]: {report.reason}"
+    if report.status == "error":
+        return f"[bold red]ERROR[/]: {report.reason}"
+    colour = "green" if report.as_expected else "bold red"
+    return f"[{colour}]{report.verdict}[/]"
+
+
 def print_summary(report: Report) -> None:
     seed = report.figures.get("seed")
     table = Table("#", "repeat", "scenario", "mode", "verdict",
@@ -184,15 +277,8 @@ def print_summary(report: Report) -> None:
     for repeat, part in enumerate(report.parts, 1):
         for run in part.parts:
             number += 1
-            if run.status == "error":
-                verdict = f"[bold red]ERROR[/]: {run.reason}"
-            elif run.status == "skipped":
-                verdict = f"[yellow]skipped[/]: {run.reason}"
-            elif run.as_expected:
-                verdict = f"[green]{run.verdict}[/]"
-            else:
-                verdict = f"[bold red]{run.verdict}[/]"
-            table.add_row(str(number), str(repeat), run.experiment, run.variant, verdict)
+            table.add_row(str(number), str(repeat), run.experiment, run.variant,
+                          verdict_markup(run))
     console.print(table)
     figures = report.figures
     console.print(f"{figures['as_expected']} as expected, {figures['unexpected']} unexpected, "

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, attached
+from streamlab.commands.exits import EXIT_CODES, EXIT_USAGE, experiment_exits, reach, verdict_exit
+from streamlab.commands.lab import DEFAULT_RUN_DIR
 from streamlab.experiments.render import show
 from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN
@@ -19,7 +20,7 @@ app = typer.Typer()
 console = Console()
 
 
-@app.command("soak")
+@app.command("soak", epilog=EXIT_CODES)
 def soak_command(
     streams: Annotated[int, typer.Option(help="Streams to run in all.")] = 200,
     concurrency: Annotated[int, typer.Option(help="Streams open at once.")] = 20,
@@ -35,31 +36,33 @@ def soak_command(
                             "(each must fail its own checks), then against the lab as it "
                             "is (it must pass).")] = False,
     run_dir: Annotated[Path, typer.Option(help="The lab's run dir.")] = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Clients with different behaviours (read fully, through an idle-cutting
-    hop with a think pause, resume, abandon, stop reading, poll and walk away)
-    while random toxics come and go on every hop and the engine is killed and
+    """A chaos soak: toxics and engine kills under mixed clients.
+
+    Clients with different behaviours (read fully, through an idle-cutting hop
+    with a think pause, resume, abandon, stop reading, poll and walk away) while
+    random toxics come and go on every hop and the engine is killed and
     restarted. Exits 1 unless every check holds: no hang, no corrupt text,
     enough untouched streams and ≥ 90 % of them complete, every generation
-    whose client left cancelled within its bound, nothing left running, no
-    idle cut, the gateway's RSS back within 1.2x. With --broken NAME it is
-    expected to fail, and exits 1 when it does (so a script sees the failure);
-    --self-test exits 0 only if every broken thing failed its checks and the
-    lab as it is passed."""
+    whose client left cancelled within its bound, nothing left running, no idle
+    cut, the gateway's RSS back within 1.2x.
+
+    With --broken NAME it is expected to fail, and exits 1 when it does (so a
+    script sees the failure); --self-test exits 0 only if every broken thing
+    failed its checks and the lab as it is passed. Needs a lab with pids (the
+    gateway's RSS), the engine's record and restarts: a local lab (exit 2
+    otherwise, naming what is missing)."""
     if broken is not None and broken not in BROKEN:
         console.print(f"[red]Unknown broken thing {broken!r}[/]: {', '.join(BROKEN)}")
-        raise typer.Exit(2)
-    lab = attached(run_dir)
-    if lab.pids is None:
-        console.print("[red]The soak reads the gateway's RSS by pid: a local lab only "
-                      "(STREAMLAB_TARGET=local).[/]")
-        raise typer.Exit(1)
-    with Progress(console=console, transient=True, disable=as_json or self_test) as progress:
+        raise typer.Exit(EXIT_USAGE)
+    lab = reach(run_dir)
+    with (experiment_exits(),
+          Progress(console=console, transient=True, disable=as_json or self_test) as progress):
         task = progress.add_task(f"soaking{f' ({broken})' if broken else ''}", total=streams)
         report = asyncio.run(soak_as_asked(lab, broken, self_test, streams, concurrency,
                                            duration, engine_kills, seed, toxics,
                                            lambda: progress.advance(task)))
     show(report, console, as_json=as_json)
     # A broken run's verdict is to fail; it exits 1 all the same, so a script sees it.
-    raise typer.Exit(0 if report.as_expected else 1)
+    verdict_exit(report)

@@ -10,22 +10,37 @@ one to one:
     streamlab toxic list [HOP] [--json]
     streamlab toxic reset            # every proxy enabled, every toxic gone
     streamlab proxy disable edge     # cuts every open connection, refuses new ones
+
+The hops live in two Toxiproxy processes (the client-side ones, edge and
+edge-h2, in one; upstream, engine and the rest in the backend one), so
+`toxiproxy-cli` needs the right `-h` for each: `streamlab toxic where [HOP]`
+prints it, `streamlab toxic cli HOP -- ARGS...` runs toxiproxy-cli with it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.lab.topology import HOP_NAMES, is_hop_name
+from streamlab.commands.lab import DEFAULT_RUN_DIR, AsJson, RunDir, attached
+from streamlab.lab.local import find_toxiproxy
+from streamlab.lab.target import LabTarget
+from streamlab.lab.topology import (
+    HOP_NAMES,
+    TOXIPROXY_PROCESSES,
+    is_hop_name,
+    toxiproxy_api_port,
+    toxiproxy_process,
+)
 from streamlab.lab.toxiproxy import (
     DIRECTIONS,
     TOXIC_TYPES,
@@ -41,6 +56,7 @@ app = typer.Typer(help="Add, change and remove Toxiproxy toxics on the lab's hop
                   no_args_is_help=True)
 proxy_app = typer.Typer(help="Enable or disable a whole hop (edge, upstream, engine, "
                              "upstream-2, …, store).",
+                        short_help="Enable or disable a whole hop.",
                         no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
@@ -63,7 +79,12 @@ def register(root: typer.Typer) -> None:
 @contextmanager
 def _client(run_dir: Path) -> Iterator[ToxiproxyClient]:
     """The lab's Toxiproxy; its refusals become one red line and exit 1."""
-    lab = attached(run_dir)
+    with _toxiproxy(attached(run_dir)) as client:
+        yield client
+
+
+@contextmanager
+def _toxiproxy(lab: LabTarget) -> Iterator[ToxiproxyClient]:
     try:
         with lab.toxiproxy() as client:
             yield client
@@ -80,8 +101,11 @@ def _check_hop(hop: str) -> None:
 
 
 @app.command("types")
-def types() -> None:
+def types(as_json: AsJson = False) -> None:
     """Every toxic type and its attributes."""
+    if as_json:
+        print(json.dumps(TOXIC_TYPES, indent=2))
+        return
     table = Table("type", "attribute", "meaning")
     for name, attributes in TOXIC_TYPES.items():
         for i, (attribute, meaning) in enumerate(attributes.items()):
@@ -93,33 +117,120 @@ def types() -> None:
 def list_toxics(
     hop: Annotated[str | None, typer.Argument(help="Only this hop.")] = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Each hop, whether it is enabled, and its toxics."""
     if hop is not None:
         _check_hop(hop)
     with _client(run_dir) as client:
         proxies = client.proxies()
-    # The one-replica hops in their usual order, then replicas' and `store`.
-    names = [*(n for n in HOPS if n in proxies), *sorted(n for n in proxies if n not in HOPS)]
-    shown = {name: proxies[name] for name in names if is_hop_name(name) and hop in (None, name)}
+    shown = {name: proxies[name] for name in _hops_in_order(proxies) if hop in (None, name)}
     if as_json:
         print(json.dumps(shown, indent=2))
         return
-    table = Table("hop", "enabled", "listen → upstream", "toxic", "type", "stream",
-                  "toxicity", "attributes")
-    for name, proxy in shown.items():
+    console.print(hops_table(shown))
+
+
+def hops_table(proxies: dict[str, dict[str, Any]]) -> Table:
+    """One row per toxic (or per hop without any). The addresses never wrap: a
+    cut `127.0.0…` is no address at all; the toxic column folds instead, so the
+    table fits 80 columns."""
+    table = Table("hop", "on", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("listen", no_wrap=True)
+    table.add_column("upstream", no_wrap=True)
+    table.add_column("toxic (type stream toxicity attributes)", overflow="fold", ratio=1)
+    for name, proxy in proxies.items():
         enabled = "[green]yes[/]" if proxy["enabled"] else "[red]no[/]"
-        route = f"{proxy['listen']} → {proxy['upstream']}"
         toxics = proxy.get("toxics") or []
         if not toxics:
-            table.add_row(name, enabled, route, "-", "", "", "", "")
+            table.add_row(name, enabled, proxy["listen"], proxy["upstream"], "-")
         for i, toxic in enumerate(toxics):
             attributes = " ".join(f"{k}={v}" for k, v in toxic["attributes"].items())
-            table.add_row(name if i == 0 else "", enabled if i == 0 else "",
-                          route if i == 0 else "", toxic["name"], toxic["type"],
-                          toxic["stream"], f"{toxic['toxicity']:g}", attributes)
-    console.print(table)
+            described = (f"{toxic['name']}: {toxic['type']} {toxic['stream']} "
+                         f"{toxic['toxicity']:g} {attributes}")
+            first = i == 0
+            table.add_row(name if first else "", enabled if first else "",
+                          proxy["listen"] if first else "", proxy["upstream"] if first else "",
+                          described)
+    return table
+
+
+def api_addresses(lab: LabTarget, hops: list[str]) -> dict[str, str]:
+    """Each hop → `host:port` of the Toxiproxy API that serves it (what
+    `toxiproxy-cli -h` takes): the hops live in two processes."""
+    ports = lab.ports
+    return {hop: f"{ports.host}:{toxiproxy_api_port(ports, toxiproxy_process(hop))}"
+            for hop in hops}
+
+
+def _lab_hops(run_dir: Path) -> tuple[LabTarget, list[str]]:
+    """The lab and the hops its Toxiproxy processes serve."""
+    lab = attached(run_dir)
+    with _toxiproxy(lab) as client:
+        return lab, _hops_in_order(client.proxies())
+
+
+def _hops_in_order(proxies: dict[str, dict[str, Any]]) -> list[str]:
+    """The one-replica hops in their usual order, then replicas' and `store`."""
+    names = [*(n for n in HOPS if n in proxies), *sorted(n for n in proxies if n not in HOPS)]
+    return [n for n in names if is_hop_name(n)]
+
+
+@app.command()
+def where(
+    hop: Annotated[str | None, typer.Argument(help="Only this hop.")] = None,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Which Toxiproxy serves each hop, and toxiproxy-cli's -h for it.
+
+    The hops live in two Toxiproxy processes (edge and edge-h2 in one, the rest
+    in the backend one); toxiproxy-cli sees only the hops of the API it is
+    pointed at."""
+    if hop is not None:
+        _check_hop(hop)
+    lab, hops = _lab_hops(run_dir)
+    if hop is not None:
+        if hop not in hops:
+            err.print(f"[red]no hop {hop!r} in this lab[/]; it has: {', '.join(hops)}")
+            raise typer.Exit(2)
+        hops = [hop]
+    addresses = api_addresses(lab, hops)
+    if as_json:
+        print(json.dumps({h: {"process": toxiproxy_process(h), "api": a}
+                          for h, a in addresses.items()}, indent=2))
+        return
+    for process in TOXIPROXY_PROCESSES:
+        served = [h for h in hops if toxiproxy_process(h) == process]
+        if served:
+            console.print(f"toxiproxy-cli -h {addresses[served[0]]}   "
+                          f"# {process}: {', '.join(served)}", highlight=False, soft_wrap=True)
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
+def cli(
+    hop: Hop,
+    args: Annotated[list[str] | None, typer.Argument(
+        help="toxiproxy-cli's own command and options, after `--` (default: inspect HOP).")
+    ] = None,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+) -> None:
+    """Run toxiproxy-cli against the Toxiproxy that serves HOP.
+
+    streamlab toxic cli upstream -- toxic add -t latency -a latency=500 upstream"""
+    _check_hop(hop)
+    lab, hops = _lab_hops(run_dir)
+    if hop not in hops:
+        err.print(f"[red]no hop {hop!r} in this lab[/]; it has: {', '.join(hops)}")
+        raise typer.Exit(2)
+    try:
+        binary = find_toxiproxy("toxiproxy-cli")
+    except FileNotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    command = [binary, "-h", api_addresses(lab, [hop])[hop], *(args or ["inspect", hop])]
+    # Its output and exit status are the command's own.
+    raise typer.Exit(subprocess.run(command, check=False).returncode)
 
 
 @app.command()
@@ -133,6 +244,7 @@ def add(
     toxicity: Toxicity = None,
     name: Annotated[str, typer.Option(help="Default: TYPE_STREAM.")] = "",
     run_dir: RunDir = DEFAULT_RUN_DIR,
+    as_json: AsJson = False,
 ) -> None:
     """Add a toxic to a hop."""
     _check_hop(hop)
@@ -144,6 +256,9 @@ def add(
         toxic = Toxic(toxic_type, dict(parse_attributes(toxic_type, attribute or [])),
                       direction, 1.0 if toxicity is None else toxicity, name)
         added = client.add_toxic(hop, toxic)
+    if as_json:
+        print(json.dumps(added, indent=2))
+        return
     console.print(f"added [bold]{added['name']}[/] to {hop}: {added['type']} "
                   f"{added['stream']} {added['attributes']} toxicity={added['toxicity']:g}")
 
@@ -155,8 +270,11 @@ def update(
     attribute: Attr = None,
     toxicity: Toxicity = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
+    as_json: AsJson = False,
 ) -> None:
-    """Change a toxic's attributes or toxicity in place (open connections feel it too)."""
+    """Change a toxic's attributes or toxicity in place.
+
+    Open connections feel it too."""
     _check_hop(hop)
     with _client(run_dir) as client:
         current = next((t for t in client.toxics(hop) if t["name"] == name), None)
@@ -164,13 +282,18 @@ def update(
             raise ToxiproxyError(404, f"no toxic {name!r} on {hop}")
         attributes = parse_attributes(current["type"], attribute or [])
         updated = client.update_toxic(hop, name, dict(attributes), toxicity)
+    if as_json:
+        print(json.dumps(updated, indent=2))
+        return
     console.print(f"updated [bold]{name}[/] on {hop}: {updated['attributes']} "
                   f"toxicity={updated['toxicity']:g}")
 
 
 @app.command()
 def remove(hop: Hop, name: str, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
-    """Remove one toxic (removing a `timeout` toxic closes the connections it held)."""
+    """Remove one toxic.
+
+    Removing a `timeout` toxic closes the connections it held."""
     _check_hop(hop)
     with _client(run_dir) as client:
         client.remove_toxic(hop, name)

@@ -11,10 +11,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from streamlab.console import control
+from streamlab.console.guard import ConsoleGuard, console_hosts
 from streamlab.console.settings import ConsoleSettings
 from streamlab.lab.toxiproxy import Toxiproxy
 
@@ -36,14 +37,25 @@ def create_app(settings: ConsoleSettings, toxiproxy: Toxiproxy | None = None) ->
     app = FastAPI(title="streamlab console", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     app.state.console = state
+    # Only the console's own page may change the lab (guard.py: Host, Origin,
+    # and the token the page below carries).
+    app.add_middleware(ConsoleGuard, token=state.token, hosts=console_hosts(
+        settings.host, settings.port, settings.allowed_hosts))
     app.include_router(control.router)
     control.install_error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    # The page with this console's token in it: only a page read from here
+    # (same origin) can learn it.
+    page = (STATIC / "index.html").read_text().replace(
+        'name="streamlab-console-token" content=""',
+        f'name="streamlab-console-token" content="{state.token}"')
+
     @app.get("/", include_in_schema=False)
-    async def index() -> FileResponse:
-        # no-cache: a page from an older console must not outlive a restart.
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    async def index() -> HTMLResponse:
+        # no-store: a page from an older console (an older token) must not
+        # outlive a restart, and the token is kept by no cache.
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

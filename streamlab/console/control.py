@@ -1,4 +1,5 @@
 """The console's control API (`/api`): what the page may not do from the browser.
+Only the console's own page may call its changes (guard.py).
 
 Toxics and hops go through the lab's own Toxiproxy client (streamlab/lab/toxiproxy.py,
 validated by the same `parse_attributes` as `streamlab toxic add`); engine
@@ -13,6 +14,7 @@ is 503, each as `{"error": "..."}`.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -64,6 +66,8 @@ class ConsoleState:
     settings: ConsoleSettings
     toxiproxy: Toxiproxy
     stop_marks: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # What the page sends with every change (guard.py); drawn per console run.
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     def stats(self, request_id: str = "") -> pb.GetStatsResponse:
         try:

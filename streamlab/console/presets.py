@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlab.experiments.scenarios import MODES, Mode, Scenario, Setup, Timing, registry
-from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN
+from streamlab.experiments.scenarios import (
+    MODES,
+    THINK_AFTER_TOKEN,
+    Mode,
+    Scenario,
+    Setup,
+    Timing,
+    registry,
+)
 from streamlab.lab.toxiproxy import Toxic
 
 # The page's transports (static/console.js has one driver per name).

@@ -36,6 +36,10 @@ class ConsoleSettings(BaseSettings):
     gateway_url: str  # the gateway itself, for its /metrics
     # How often the page asks for the engine's and the gateway's counters.
     panel_interval_ms: int = 500
+    # More `host:port` values a browser may reach the console by (its Host
+    # header), besides 127.0.0.1, localhost and [::1] on `port` and `host`
+    # itself (streamlab/console/guard.py). As an env var, a JSON list.
+    allowed_hosts: list[str] = []
 
     @classmethod
     def settings_customise_sources(
@@ -59,5 +63,5 @@ class ConsoleSettings(BaseSettings):
     def environment(self) -> dict[str, str]:
         """These settings as the environment of a console process (lab.py starts one)."""
         return {f"STREAMLAB_CONSOLE_{name.upper()}":
-                json.dumps(value) if isinstance(value, dict) else str(value)
+                json.dumps(value) if isinstance(value, dict | list) else str(value)
                 for name, value in self.model_dump().items()}

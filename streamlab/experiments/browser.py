@@ -22,14 +22,15 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import websockets
 
 from streamlab.errors import StreamlabError
+from streamlab.experiments.report import JSON
 
 # The flags that work headless, as root, in a container; no background traffic
 # (its connections would count in the scenarios' connection figures).
@@ -59,34 +60,60 @@ class BrowserError(StreamlabError):
     pass
 
 
+class DevToolsTarget(TypedDict):
+    """What /json/new and /json/list say of a tab (the fields this module reads)."""
+
+    id: str
+    type: str
+    webSocketDebuggerUrl: str
+
+
+def _object(value: JSON, what: str) -> dict[str, JSON]:
+    """A DevTools message that must be an object, or BrowserError saying which."""
+    if not isinstance(value, dict):
+        raise BrowserError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _target(value: JSON) -> DevToolsTarget:
+    tab = _object(value, "a DevTools target")
+    id_, kind, url = tab.get("id"), tab.get("type"), tab.get("webSocketDebuggerUrl")
+    if not (isinstance(id_, str) and isinstance(kind, str) and isinstance(url, str)):
+        raise BrowserError(f"a DevTools target without id, type or websocket url: {tab}")
+    return DevToolsTarget(id=id_, type=kind, webSocketDebuggerUrl=url)
+
+
 class Page:
     def __init__(self, ws: websockets.ClientConnection, target_id: str = "") -> None:
         self._ws = ws
         self._next_id = 0
         self.target_id = target_id
 
-    async def call(self, method: str, params: dict[str, Any] | None = None,
-                   timeout_s: float = 10.0) -> dict[str, Any]:
+    async def call(self, method: str, params: Mapping[str, JSON] | None = None,
+                   timeout_s: float = 10.0) -> dict[str, JSON]:
+        """One DevTools method's result: an object whose fields the method defines."""
         self._next_id += 1
         call_id = self._next_id
-        await self._ws.send(json.dumps({"id": call_id, "method": method, "params": params or {}}))
+        await self._ws.send(json.dumps({"id": call_id, "method": method,
+                                        "params": dict(params or {})}))
         async with asyncio.timeout(timeout_s):
             while True:
-                message = json.loads(await self._ws.recv())
+                message = _object(json.loads(await self._ws.recv()), method)
                 if message.get("id") != call_id:
                     continue  # an event we did not subscribe to, or an old reply
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
-                result: dict[str, Any] = message.get("result", {})
-                return result
+                return _object(message.get("result", {}), f"{method}'s result")
 
+    # The expression's value, as JSON; typed Any because its shape is the
+    # script's, which the caller wrote and knows (and narrows where it matters).
     async def evaluate(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate",
                                  {"expression": expression, "returnByValue": True,
                                   "awaitPromise": True})
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression!r} threw: {result['exceptionDetails']}")
-        return result["result"].get("value")
+        return _object(result.get("result"), "Runtime.evaluate's value").get("value")
 
     async def navigate(self, url: str) -> None:
         result = await self.call("Page.navigate", {"url": url})
@@ -117,12 +144,12 @@ class Browser:
         """A new tab (its own renderer, the browser's shared network stack)."""
         response = await self._http.put(f"http://127.0.0.1:{self.port}/json/new?{url}")
         response.raise_for_status()
-        target = response.json()
-        return await self._attach(target)
+        return await self._attach(_target(response.json()))
 
     async def first_page(self) -> Page:
         targets = (await self._http.get(f"http://127.0.0.1:{self.port}/json/list")).json()
-        return await self._attach(next(t for t in targets if t["type"] == "page"))
+        return await self._attach(next(_target(t) for t in targets
+                                       if isinstance(t, dict) and t.get("type") == "page"))
 
     async def close_page(self, page: Page) -> None:
         """Close the tab, as a user does: its connections go with it."""
@@ -133,7 +160,7 @@ class Browser:
             f"http://127.0.0.1:{self.port}/json/close/{page.target_id}")
         response.raise_for_status()
 
-    async def _attach(self, target: dict[str, Any]) -> Page:
+    async def _attach(self, target: DevToolsTarget) -> Page:
         ws = await self._stack.enter_async_context(
             websockets.connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10))
         self._sockets[target["id"]] = ws

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 import psutil
@@ -50,9 +50,8 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import ResumeError, create_stream, follow_stream
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name
-from streamlab.experiments.report import Report
-from streamlab.experiments.scenarios.edge_backpressure import Flood
-from streamlab.experiments.scenarios.measures import LogTail
+from streamlab.experiments.load_clients import Flood, LogTail
+from streamlab.experiments.report import JSON, Report
 from streamlab.experiments.soak_verdict import (
     BROKEN,
     SELF_TEST,
@@ -63,7 +62,7 @@ from streamlab.experiments.soak_verdict import (
     self_test_part,
     self_test_report,
 )
-from streamlab.lab.target import LabTarget, pids_of
+from streamlab.lab.target import Capability, LabTarget, pids_of, require
 from streamlab.lab.toxiproxy import Toxic, ToxiproxyClient, ToxiproxyError
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -139,15 +138,25 @@ def gateway_rss(lab: LabTarget) -> int:
     return int(psutil.Process(pid).memory_info().rss)
 
 
+def soak_needs(engine_kills: int) -> frozenset[Capability]:
+    """What a soak asks of the target: the gateway's RSS by pid, the engine's
+    record (what is left running), hops to put toxics on and reset, and, to
+    kill the engine mid-run, restarts."""
+    needs = {Capability.PIDS, Capability.ENGINE_RECORD, Capability.TOGGLE_HOPS}
+    return frozenset(needs | ({Capability.RESTART_SERVICE} if engine_kills else set()))
+
+
 async def soak(lab: LabTarget, streams: int = 200, concurrency: int = 20,
                duration_s: float = 60.0, engine_kills: int = 2, seed: int = 7,
-               toxics: bool = True, knobs: Mapping[str, object] | None = None,
+               toxics: bool = True, knobs: Mapping[str, JSON] | None = None,
                lab_fault: str = "", progress: Callable[[], None] | None = None,
                variant: str = "") -> Report:
     """`knobs` go into every request's `streamlab` options (a broken mode to
     show the verdict failing); `lab_fault` breaks the lab after the reference
     runs ("engine_disabled", "edge_black_hole"); `variant` names the broken
-    thing in the report."""
+    thing in the report. MissingCapability, before anything runs, on a target
+    without what the soak needs (soak_needs)."""
+    require(lab, soak_needs(engine_kills), "the soak")
     rng = random.Random(seed)
     bounds = Bounds.of(lab)
     run = SoakRun(engine_kills_asked=engine_kills)
@@ -221,7 +230,7 @@ class _Soaker:
     """The clients: one method per behaviour, each setting its StreamRun's outcome."""
 
     def __init__(self, lab: LabTarget, http: httpx.AsyncClient, bounds: Bounds,
-                 rng: random.Random, knobs: Mapping[str, object]) -> None:
+                 rng: random.Random, knobs: Mapping[str, JSON]) -> None:
         self.lab, self.http, self.bounds, self.rng = lab, http, bounds, rng
         self.knobs = knobs
         self.references: dict[int, str] = {}
@@ -234,11 +243,11 @@ class _Soaker:
         self.no_http_toxic = asyncio.Event()
         self.no_http_toxic.set()
 
-    def body(self, answer: int, gap_ms: int = GAP_MS, **options: Any) -> dict[str, object]:
+    def body(self, answer: int, gap_ms: int = GAP_MS, **options: JSON) -> dict[str, JSON]:
         # The broken knobs win over the behaviour's own (e.g. heartbeat_s: 0).
         options = {"prefill_ms": 5, "token_gap_ms": gap_ms, "answer_tokens": answer,
                    **options, **self.knobs}
-        return chat_body("soak", max_tokens=answer, **options)
+        return chat_body("soak", stream=True, max_tokens=answer, **options)
 
     async def fetch_references(self) -> None:
         """The reference text of every answer length, read as fast as the model goes
@@ -310,7 +319,7 @@ class _Soaker:
         finally:
             self.stalling -= 1
 
-    async def _stall_on(self, run: StreamRun, body: dict[str, object]) -> None:
+    async def _stall_on(self, run: StreamRun, body: dict[str, JSON]) -> None:
         run.left_at, run.leave_bound_s = time.monotonic(), self.bounds.stall_bound_s
         sock = await asyncio.to_thread(open_silent_reader, self.lab.ports.host,
                                        self.lab.ports.edge_port, "/v1/chat/completions", body,
@@ -413,7 +422,7 @@ class _Soaker:
             run.outcome = "connection_error"
 
     # ---- helpers -------------------------------------------------------------------
-    async def _chat(self, run: StreamRun, path: str, body: dict[str, object],
+    async def _chat(self, run: StreamRun, path: str, body: dict[str, JSON],
                     stop_after_tokens: int | None = None) -> StreamResult:
         result = StreamResult()
         for attempt in range(4):
@@ -601,7 +610,14 @@ async def soak_as_asked(lab: LabTarget, broken: str | None = None, all_broken: b
                         engine_kills: int = 2, seed: int = 7, toxics: bool = True,
                         progress: Callable[[], None] | None = None) -> Report:
     """`streamlab soak`: the self-test (`all_broken`), the soak against one
-    `broken` thing, or the soak against the lab as it is."""
+    `broken` thing, or the soak against the lab as it is. MissingCapability
+    before the first run when the target lacks what any of them needs."""
+    kills = engine_kills
+    if all_broken:
+        kills = max([engine_kills, *(thing.engine_kills for thing in SELF_TEST)])
+    elif broken is not None:
+        kills = BROKEN[broken].engine_kills
+    require(lab, soak_needs(kills), "the soak")
     if all_broken:
         return await self_test(lab, streams, concurrency, duration_s, engine_kills, seed, toxics)
     if broken is not None:

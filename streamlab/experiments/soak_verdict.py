@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from streamlab.experiments.report import Check, Figures, Report, Table, judge
+from streamlab.experiments.report import JSON, Check, Figures, Report, Table, judge
 
 # Streams whose behaviour is to read the answer to its end, one way or another.
 COMPLETING = frozenset({"full", "think", "resume"})
@@ -193,7 +193,7 @@ class BrokenThing:
     name: str
     story: str
     guarded_by: tuple[str, ...]  # figures whose checks must fail
-    knobs: Mapping[str, object] = field(default_factory=dict)  # every request's `streamlab`
+    knobs: Mapping[str, JSON] = field(default_factory=dict)  # every request's `streamlab`
     lab_fault: str = ""  # "engine_disabled" | "edge_black_hole", after the reference runs
     engine_kills: int = 0
 

@@ -32,7 +32,7 @@ class Timing:
     heartbeat_s: float = 0.5  # `: ping` interval when a scenario turns pings on
     watchdog_s: float = 1.0  # the client's read timeout when it has a watchdog
     tolerance_s: float = 0.4  # slack for a shared, busy machine
-    # Live streams in the reconnect-storm scenario (the target: 500; the
+    # Live streams in the reconnect-storm scenario (500 at full size; the
     # suite runs fewer on a shared CI machine).
     storm_streams: int = 500
     # How long each end's gRPC keepalive takes to call a silent engine hop dead:

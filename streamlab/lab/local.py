@@ -218,6 +218,8 @@ class Lab(ServedLab):
                      "STREAMLAB_GATEWAY_ENGINE_TARGET": self.engine_hop,
                      # A lab: the scenarios' broken modes (off in the gateway itself).
                      "STREAMLAB_GATEWAY_ALLOW_BROKEN_MODES": "true",
+                     # The console's page may open /ws (its origin's port).
+                     "STREAMLAB_GATEWAY_CONSOLE_PORT": str(self.ports.console_port),
                      "STREAMLAB_GATEWAY_JOB_ROUTE": nginx.job_route(
                          name, self.replicas.gateways),
                      **store_env, **self.options.gateway_env},

@@ -465,6 +465,12 @@ def catalogue() -> list[Case]:
         ("bad chunk size", http_request(b"POST", b"/v1/chat/completions",
                                         b"Transfer-Encoding: chunked\r\n",
                                         b"ZZ\r\nab\r\n0\r\n\r\n")),
+        # A Transfer-Encoding nginx does not know: was its 501 HTML page,
+        # naming its version.
+        *((f"Transfer-Encoding: {coding}", http_request(
+            b"POST", b"/v1/chat/completions",
+            f"Transfer-Encoding: {coding}\r\n".encode(), b"0\r\n\r\n"))
+          for coding in ("gzip, chunked", "identity", "xchunked", "chunked, chunked")),
         ("space in a header name", http_request(b"GET", b"/v1/models", b"X Bad: 1\r\n")),
         ("NUL in a header value", http_request(b"GET", b"/v1/models", b"X-A: a\x00b\r\n")),
         ("negative Content-Length", http_request(b"POST", b"/v1/chat/completions",

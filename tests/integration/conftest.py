@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from streamlab.lab import processes
@@ -149,6 +150,18 @@ def _reset_toxics(request: pytest.FixtureRequest) -> Iterator[None]:
             client.reset()
         finally:
             client.close()
+
+
+@pytest.fixture
+def sdk(lab: LabTarget) -> Iterator[openai.OpenAI]:
+    """The official OpenAI SDK pointed at the edge, as a user's client would be."""
+    # No retries: a test must see the first answer, not a retried one.
+    client = openai.OpenAI(base_url=f"{lab.edge_url}/v1", api_key="sk-unused",
+                           max_retries=0, timeout=15.0)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 
+from services.engine.backends.base import Backend
 from services.engine.server import create_server
 from services.engine.settings import EngineSettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -14,8 +16,10 @@ from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
 
 @asynccontextmanager
-async def running_engine(settings: EngineSettings) -> AsyncIterator[pb_grpc.EngineServiceStub]:
-    engine = await create_server(settings.model_copy(update={"host": "127.0.0.1", "port": 0}))
+async def running_engine(settings: EngineSettings, backend: Backend[Any] | None = None
+                         ) -> AsyncIterator[pb_grpc.EngineServiceStub]:
+    engine = await create_server(settings.model_copy(update={"host": "127.0.0.1", "port": 0}),
+                                 backend)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}")
     try:
         yield pb_grpc.EngineServiceStub(channel)

@@ -74,3 +74,22 @@ def test_another_key_cannot_read_or_stop_a_job_or_a_stream(lab: Lab,
             "running", "completed")
         assert http.delete(f"/v1/jobs/{job}", headers=mine).status_code == 204
         assert http.delete(f"/v1/streams/{stream}", headers=mine).status_code == 200
+
+
+def duplicate_authorization(url: str) -> httpx.Response:
+    # A list of pairs: httpx sends each, where a dict would keep one.
+    return httpx.post(f"{url}/v1/chat/completions", json=chat_body("hi", answer_tokens=1),
+                      headers=[("Authorization", "Bearer another-key"),
+                               ("Authorization", f"Bearer {KEY}")], timeout=5)
+
+
+def test_authorization_twice_is_a_400_with_auth_on_or_off(lab: Lab,
+                                                          guarded_gateway: str) -> None:
+    """Auth read the last Authorization header, identity the first: a request
+    passed auth with one key and was counted as, and owned streams of, the other."""
+    for url in (guarded_gateway, lab.gateway_url):
+        response = duplicate_authorization(url)
+        assert response.status_code == 400, (url, response.text)
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("duplicate_header", "Authorization")
+        assert KEY not in response.text

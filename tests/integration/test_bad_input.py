@@ -14,6 +14,8 @@ a valid body that rightly got 200).
 from __future__ import annotations
 
 import json
+import socket
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.gateway.openai_api import ChatCompletionRequest, StreamlabOptions
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget, require
 from tests.integration.bad_input_cases import Case, Outcome, Target, catalogue
 from tests.wait import wait_until
 
@@ -185,6 +187,54 @@ def test_the_unparseable_generator_keeps_no_valid_body() -> None:
     assert _parses(b'{"messages": [{"role": "user", "content": "\\r"}]}')
     assert not valid_request({"messages": [{"role": "user", "content": "hi"}], "n": 2})
     assert valid_request({"messages": [{"role": "user", "content": "\r"}]})
+
+
+def raw_exchange(lab: LabTarget, request: bytes) -> tuple[bytes, bytes]:
+    """One request as bytes to the edge; (head, body) of the answer."""
+    target = Target.of(lab.edge_url, "")
+    with socket.create_connection((target.host, target.port), timeout=10.0) as sock:
+        sock.sendall(request.replace(b"HOST", target.host.encode()))
+        wire = b""
+        while chunk := sock.recv(65536):  # Connection: close: read to the end
+            wire += chunk
+    head, _, body = wire.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_nginx_names_no_version_and_answers_json(lab: LabTarget) -> None:
+    """An unknown Transfer-Encoding got nginx's 501 HTML page, `nginx/1.22.1`
+    in its Server header and its body: a version to match against CVE lists."""
+    head, body = raw_exchange(lab, b"POST /v1/chat/completions HTTP/1.1\r\nHost: HOST\r\n"
+                              b"Connection: close\r\nTransfer-Encoding: identity\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert json.loads(body)["error"]["code"] == "unsupported_transfer_encoding"
+    assert b"nginx/" not in head + body
+
+
+def test_a_duplicate_authorization_keeps_the_key_out_of_nginx_s_log(lab: LabTarget) -> None:
+    """nginx refused it (400) and wrote the header line, key and all, to its
+    error log: "client sent duplicate header line: Authorization: Bearer ..."."""
+    require(lab, [Capability.LOGS], "reads nginx's error log")
+    assert lab.logs is not None
+    log = lab.logs["nginx"]
+    key = f"sk-never-logged-{uuid.uuid4().hex}"
+    head, body = raw_exchange(lab, (
+        "GET /v1/models HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n"
+        f"Authorization: Bearer {key}\r\nAuthorization: Bearer {key}-2\r\n\r\n").encode())
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    # nginx writes its log line before it answers, so it is there by now if at all.
+    assert log.is_file(), log
+    assert key not in log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
+def test_the_api_description_is_not_served_through_the_edge(client: httpx.Client,
+                                                            path: str) -> None:
+    """The gateway's OpenAPI schema and its docs pages answered anyone, key or not."""
+    answer = client.get(path)
+    assert answer.status_code == 404
+    assert "paths" not in answer.text
 
 
 def test_lab_is_healthy_after_the_barrage(client: httpx.Client, lab: LabTarget) -> None:

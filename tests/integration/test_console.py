@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ async def start(page: Page, transports: list[str], **fields: object) -> list[int
 async def screenshot(page: Page, path: Path) -> None:
     data = await page.call("Page.captureScreenshot", {"format": "png"}, timeout_s=20)
     await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-    await anyio.Path(path).write_bytes(base64.b64decode(data["data"]))
+    await anyio.Path(path).write_bytes(base64.b64decode(str(data["data"])))
 
 
 def screenshot_dir() -> Path | None:
@@ -356,6 +357,8 @@ async def test_the_control_api_names_what_it_refuses(lab: LabTarget) -> None:
     if selected_lab_has_no_console(lab):
         pytest.skip("this lab was started without its console")
     async with httpx.AsyncClient(base_url=console_url(lab.ports), timeout=5.0) as api:
+        # The page's token, as the page sends it with every change (guard.py).
+        api.headers["X-Streamlab-Console-Token"] = await page_token(api)
         bad_hop = await api.post("/api/hops/nowhere/toxics", json={"type": "latency"})
         assert bad_hop.status_code == 404
         assert "nowhere" in bad_hop.json()["error"]
@@ -371,3 +374,87 @@ async def test_the_control_api_names_what_it_refuses(lab: LabTarget) -> None:
         assert engine["running_limit"] > 0
         gateway = (await api.get("/api/gateway")).json()
         assert gateway["live_streams"] is not None
+
+
+# ---- other sites: the console is driven by its own page only ------------------------------
+TOKEN = re.compile(r'name="streamlab-console-token" content="([^"]+)"')
+EVIL = "https://evil.example"
+
+
+async def page_token(api: httpx.AsyncClient) -> str:
+    """The token as the page gets it: from the page the console serves."""
+    page = await api.get("/")
+    assert page.status_code == 200
+    found = TOKEN.search(page.text)
+    assert found, "no token in the console's page"
+    return found.group(1)
+
+
+async def toxics_now(api: httpx.AsyncClient) -> dict[str, list[str]]:
+    hops = (await api.get("/api/hops")).json()
+    return {hop: [t["name"] for t in info["toxics"]] for hop, info in hops.items()
+            if info["toxics"]}
+
+
+async def test_another_site_cannot_change_the_lab(lab: LabTarget) -> None:
+    """What a page on any site could do: a `text/plain` POST needs no
+    preflight, so it reached the control API, applied a preset (toxics on the
+    lab's hops) and reset the lab."""
+    if selected_lab_has_no_console(lab):
+        pytest.skip("this lab was started without its console")
+    base = console_url(lab.ports)
+    async with httpx.AsyncClient(base_url=base, timeout=5.0) as api:
+        before = await toxics_now(api)
+        with_toxics = next(p for p in (await api.get("/api/presets")).json() if p["toxics"])
+        preset = f"/api/presets/{with_toxics['scenario']}/{with_toxics['mode']}"
+        simple = {"Content-Type": "text/plain"}  # what a form or a plain fetch sends
+        for headers in ({**simple, "Origin": EVIL}, {**simple, "Origin": "null"},
+                        simple,  # no Origin (an old browser, a redirect): the token decides
+                        {**simple, "Origin": base, "X-Streamlab-Console-Token": "guess"}):
+            refused = await api.post(preset, headers=headers, content=b"x")
+            assert refused.status_code == 403, (headers, refused.text)
+            assert "error" in refused.json()
+        assert await toxics_now(api) == before, "a refused preset still set its toxics"
+
+        own = {"X-Streamlab-Console-Token": await page_token(api), "Origin": base}
+        leaked = {**simple, "Origin": EVIL,  # a leaked token is still another site's
+                  "X-Streamlab-Console-Token": own["X-Streamlab-Console-Token"]}
+        assert (await api.post(preset, headers=leaked)).status_code == 403
+        assert (await api.post("/api/reset", headers=own)).status_code == 200
+        assert await toxics_now(api) == {}
+
+        # The lab's own page changes it; another site cannot undo that either.
+        assert (await api.post(preset, headers=own)).status_code == 200
+        applied = await toxics_now(api)
+        assert applied
+        for method, path in (("POST", "/api/reset"), ("POST", "/api/hops/edge/enabled"),
+                             ("DELETE", f"/api/hops/{next(iter(applied))}/toxics/"
+                                        f"{applied[next(iter(applied))][0]}")):
+            refused = await api.request(method, path, headers={**simple, "Origin": EVIL},
+                                        content=b'{"enabled": false}')
+            assert refused.status_code == 403
+        assert await toxics_now(api) == applied
+        assert (await api.post("/api/reset", headers=own)).status_code == 200
+        assert await toxics_now(api) == {}
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1",
+                                  "127.0.0.1:1"])
+async def test_a_rebound_name_is_refused_even_for_reads(lab: LabTarget, host: str) -> None:
+    """DNS rebinding: a page on evil.example, its name re-resolved to
+    127.0.0.1, is same-origin with the console and could read the page (and
+    its token). Its requests still say `Host: evil.example`."""
+    if selected_lab_has_no_console(lab):
+        pytest.skip("this lab was started without its console")
+    base = console_url(lab.ports)
+    async with httpx.AsyncClient(base_url=base, timeout=5.0) as api:
+        rebound = {"Host": host.format(port=lab.ports.console_port)}
+        for path in ("/", "/api/lab", "/api/hops"):
+            refused = await api.get(path, headers=rebound)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "streamlab-console-token" not in refused.text
+        # Probes stay open; the console's own names are served.
+        assert (await api.get("/healthz", headers={"Host": "evil.example"})).status_code == 200
+        for name in ("127.0.0.1", "localhost"):
+            own = await api.get("/api/lab", headers={"Host": f"{name}:{lab.ports.console_port}"})
+            assert own.status_code == 200

@@ -5,7 +5,6 @@ engine failure mid-stream become the SDK's own exception."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -18,17 +17,6 @@ from tests.integration.engine_probe import wait_for_generation_end, wait_for_gen
 
 pytestmark = pytest.mark.integration
 MODEL = "streamlab-fake"
-
-
-@pytest.fixture
-def sdk(lab: Lab) -> Iterator[openai.OpenAI]:
-    # No retries: a test must see the first answer, not a retried one.
-    client = openai.OpenAI(base_url=f"{lab.edge_url}/v1", api_key="sk-unused",
-                           max_retries=0, timeout=15.0)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def timing(**fields: Any) -> dict[str, Any]:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
@@ -16,11 +15,10 @@ import pytest
 
 from services.engine.backends.fake import FakeModel
 from services.engine.backends.tool_calls import MIN_PIECES
-from services.engine.server import create_server
 from services.engine.settings import EngineSettings, FakeModelDefaults
-from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
+from tests.integration.engine_inproc import running_engine
 
 pytestmark = pytest.mark.integration
 MODEL = "streamlab-fake"
@@ -34,16 +32,6 @@ TIME: Any = {"type": "function", "function": {
     "name": "get_time", "description": "The local time in a city",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "hours_ahead": {"type": "integer", "minimum": 0}}}}}
-
-
-@pytest.fixture
-def sdk(lab: Lab) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(base_url=f"{lab.edge_url}/v1", api_key="sk-unused",
-                           max_retries=0, timeout=15.0)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def fast(**fields: Any) -> dict[str, Any]:
@@ -155,16 +143,9 @@ def generate(**fields: Any) -> pb.GenerateRequest:
         timing=pb.FakeModelTiming(prefill_ms=0, token_gap_ms=1, tool_calls=2), **fields)
 
 
-@asynccontextmanager
-async def engine(backend: FakeModel | None = None) -> AsyncIterator[pb_grpc.EngineServiceStub]:
-    settings = EngineSettings(host="127.0.0.1", port=0)
-    server = await create_server(settings, backend or FakeModel(FakeModelDefaults()))
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield pb_grpc.EngineServiceStub(channel)
-    finally:
-        await channel.close()
-        await server.stop(0)
+def engine(backend: FakeModel | None = None
+           ) -> AbstractAsyncContextManager[pb_grpc.EngineServiceStub]:
+    return running_engine(EngineSettings(), backend or FakeModel(FakeModelDefaults()))
 
 
 @pytest.mark.anyio

@@ -107,6 +107,31 @@ async def test_websocket_ends_with_done_and_a_normal_close(lab: Lab) -> None:
     assert [json.loads(t)["index"] for t in texts[:-1]] == list(range(TIMING["answer_tokens"]))
 
 
+def ws_origin_refusals(lab: Lab) -> float:
+    metrics = httpx.get(f"{lab.gateway_url}/metrics", timeout=5).text
+    return next(float(line.split()[1]) for line in metrics.splitlines()
+                if line.startswith("streamlab_gateway_ws_origin_refused_total "))
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "null"])
+async def test_a_page_of_another_site_cannot_open_the_websocket(lab: Lab, origin: str) -> None:
+    """Any page could open /ws through the edge and read the stream (browsers
+    apply no CORS to WebSockets): refused before the upgrade, and counted."""
+    before = ws_origin_refusals(lab)
+    with anyio.fail_after(15), pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(ws_url(lab), origin=origin,  # type: ignore[arg-type]
+                                      compression=None, open_timeout=5):
+            pass
+    assert refused.value.response.status_code == 403
+    assert ws_origin_refusals(lab) == before + 1
+    # The console's page (its origin, from lab.env's port) still streams.
+    console = f"http://127.0.0.1:{lab.ports.console_port}"
+    async with websockets.connect(ws_url(lab), origin=console,  # type: ignore[arg-type]
+                                  compression=None, open_timeout=5) as ws:
+        await ws.send(json.dumps({"prompt": "hi", "streamlab": TIMING}))
+        assert json.loads(str(await ws.recv()))["index"] == 0
+
+
 async def test_websocket_plain_text_prompt_uses_the_engine_defaults(lab: Lab) -> None:
     with anyio.fail_after(15):
         async with websockets.connect(ws_url(lab), compression=None, open_timeout=5) as ws:

@@ -80,6 +80,10 @@ class StreamPolicy:
     ttl_s: float
     retry_ms: int
     max_events: int  # this stream's replay log bound (events)
+    # How long a stream nobody has attached to yet may run (None: the
+    # gateway's `resume_attach_timeout_s`). A background response, which
+    # runs whether or not anyone reads it, sets its own bound.
+    attach_timeout_s: float | None = None
 
 
 class ResumeMetrics:
@@ -290,7 +294,8 @@ class StreamRegistry:
         stream = (build or ResumableStream)(stream_id, lease, log, policy, self)
         self._streams[stream_id] = stream
         self.metrics.held.set(len(self._streams))
-        stream.start(self.settings.resume_attach_timeout_s)
+        stream.start(self.settings.resume_attach_timeout_s if policy.attach_timeout_s is None
+                     else policy.attach_timeout_s)
         return stream
 
     # ---- called by streams --------------------------------------------------------

@@ -22,9 +22,15 @@ const now = () => performance.now();
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // ---- the console's own API ---------------------------------------------------------------
+// The console serves this page with a token in it; every change to the lab
+// carries it, so no other site's page can make one (guard.py).
+const CONSOLE_TOKEN = document.querySelector('meta[name="streamlab-console-token"]').content;
+
 async function api(method, path, body) {
+  const headers = {"x-streamlab-console-token": CONSOLE_TOKEN};
+  if (body !== undefined) headers["content-type"] = "application/json";
   const response = await fetch(path, {
-    method, headers: body === undefined ? {} : {"content-type": "application/json"},
+    method, headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   if (response.status === 204) return null;

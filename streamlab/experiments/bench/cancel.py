@@ -23,7 +23,7 @@ from services.client.openai_stream import chat_body, stream_chat
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.generation_end import wait_for_end
 from streamlab.experiments.report import Check, Figures, Report, judge
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget, require
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
@@ -167,14 +167,24 @@ async def abandon_under_load(
     return report
 
 
+def needs(background: int) -> frozenset[Capability]:
+    """The engine's record of every cancel; with background streams, restarts to
+    raise the caps (and the local lab's pids, whose settings it rewrites)."""
+    return frozenset({Capability.ENGINE_RECORD} | (
+        {Capability.RESTART_SERVICE, Capability.PIDS} if background else set()))
+
+
 def bench_cancel(lab: LabTarget, *, location: str = "/", streams: int = 200,
                  concurrency: int = 20, gap_ms: int = 20, background: int = 0,
                  progress: Callable[[], None] | None = None) -> Report:
     """`streamlab bench cancel`: abandon `streams` through the edge (at nginx's
     `location`), with `background` slow streams running beside them if asked
     (the caps raised for them, the engine restarted on its own clock, all put
-    back after: a local lab only)."""
+    back after: a local lab only). MissingCapability before any stream opens
+    on a target without needs(background)."""
     from streamlab.experiments.bench.scale import lab_settings
+
+    require(lab, needs(background), "bench cancel" + (" --background" if background else ""))
 
     url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
     if not background:

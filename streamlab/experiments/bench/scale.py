@@ -38,7 +38,7 @@ from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.bench.probes import CpuMeter, CpuReading
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
-from streamlab.lab.target import LabTarget, MissingCapability, pids_of
+from streamlab.lab.target import Capability, LabTarget, MissingCapability, pids_of, require
 
 SWEEP = (10, 50, 100, 200, 400)
 CLOCKS = ("batched", "per_stream")
@@ -252,6 +252,11 @@ def cadence_report(cells: list[ScaleCell], broken: dict[str, int], tokens: int, 
                   tables=(table,), parts=tuple(c.report() for c in cells))
 
 
+# Each process's CPU and RSS by pid, restarts to raise the caps and switch the
+# engine's clock, and the engine's step counters.
+NEEDS = frozenset({Capability.PIDS, Capability.RESTART_SERVICE, Capability.ENGINE_RECORD})
+
+
 def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                 step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS, entry: str = "edge",
                 slow_streams: int = 0, slow_tokens: int = 20, cadence: bool = True,
@@ -261,6 +266,7 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
     `cadence`), then cell c with `slow_streams` (0: none), each a part."""
     if entry not in ENTRIES:
         raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, not {entry!r}")
+    require(lab, NEEDS, "bench scale")
     parts: list[Report] = []
     if cadence:
         parts.append(run_scale(lab, sweep, tokens, step_ms, clocks, on_cell, entry=entry))

@@ -30,7 +30,7 @@ from services.client.silent import open_silent_reader
 from streamlab.errors import StreamlabError
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Figures, Report, Table
-from streamlab.lab.target import LabTarget, pids_of
+from streamlab.lab.target import Capability, LabTarget, pids_of, require
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 RELAYS = ("direct", "detached_unbounded")
@@ -147,10 +147,16 @@ RUN_COLUMNS = ("relay", "gateway RSS before MiB", "peak MiB", "peak growth MiB",
 SAMPLE_COLUMNS = ("relay", "s", "gateway RSS MiB", "tokens generated")
 
 
+# The gateway's RSS by pid, and the engine's records of the readers' generations.
+NEEDS = frozenset({Capability.PIDS, Capability.ENGINE_RECORD})
+
+
 def compare(lab: LabTarget, clients: int, answer_tokens: int, timeout_s: float = 240.0,
             on_sample: Callable[[ReadersRun], None] = lambda run: None) -> Report:
     """Both relays, one after the other: a part and a row each, their samples (a
-    table, for the plot) and how much more the detached one cost (readers_report)."""
+    table, for the plot) and how much more the detached one cost (readers_report).
+    MissingCapability before any reader starts on a target without NEEDS."""
+    require(lab, NEEDS, "bench slow-readers")
     return readers_report([measure(lab, relay, clients, answer_tokens, timeout_s, on_sample)
                            for relay in RELAYS], clients, answer_tokens)
 

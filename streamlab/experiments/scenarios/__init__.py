@@ -25,6 +25,7 @@ The time constants are streamlab/experiments/timing.py's Timing; a lab is any La
 from streamlab.experiments.report import Check, Report
 from streamlab.experiments.scenarios.model import (
     MODES,
+    THINK_AFTER_TOKEN,
     ClientSettings,
     Measured,
     Mode,
@@ -44,7 +45,7 @@ from streamlab.experiments.scenarios.runner import (
 )
 from streamlab.experiments.timing import Timing
 
-__all__ = ["MODES", "Check", "ClientSettings", "Measured", "Mode", "Report",
+__all__ = ["MODES", "THINK_AFTER_TOKEN", "Check", "ClientSettings", "Measured", "Mode", "Report",
            "Scenario", "ScenarioUnavailable", "Setup", "TargetUnreachable", "Timeline",
            "Timing", "Variant", "all_scenarios", "get", "names", "plan_runs", "register", "run",
            "run_plan", "timing_for"]

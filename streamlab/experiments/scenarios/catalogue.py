@@ -11,6 +11,7 @@ from streamlab.experiments.scenarios.measures import sliced_reads, sse_stream, w
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import Toxic
 
 # Above the tolerance, so shifted and unshifted TTFTs never overlap, and below
@@ -69,6 +70,7 @@ def _latency(hop: str) -> Scenario:
             (Check("ttft_shift_s", "<=", lambda t: t.tolerance_s, "TTFT is the model's own"),
              Check("done", "==", True)),
             "no toxic: TTFT ≈ prefill + one gap"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("ttft_s", "ttft_shift_s", "total_s", "tokens", "done"),
     )
 
@@ -114,6 +116,7 @@ register(
              Check("pings", ">=", 1, "pings filled the pause (and the parser skipped them)"),
              Check("nginx_upstream_timeouts", "==", 0)),
             "`: ping` every heartbeat_s < idle timeout"),
+        needs=frozenset({Capability.LOGS}),
         shown=("tokens", "done", "client_error", "pings", "silence_before_end_s", "total_s",
                "nginx_upstream_timeouts", "gateway_log_errors"),
     ),
@@ -134,6 +137,7 @@ register(
              Check("total_s", "<=", lambda t: t.watchdog_s + t.tolerance_s,
                    "within the watchdog's deadline")),
             "same black hole, client read timeout = watchdog_s"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("hung", "error_code", "client_error", "total_s", "tokens"),
     ),
     Scenario(
@@ -178,6 +182,7 @@ register(
             (Check("split_reads", ">=", 1), Check("merged_reads", ">=", 1),
              Check("events_exact", "==", True), Check("text_matches", "==", True)),
             "streamlab_protocol/sse.py: parses lines, not reads"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("reads", "split_reads", "merged_reads", "events_sent", "events_parsed",
                "parse_errors", "events_exact", "text_matches"),
     ),
@@ -199,6 +204,7 @@ register(
             Setup(toxics=(("edge", Toxic("bandwidth", {"rate": FAST_RATE_KB_S})),)),
             (Check("last_token_lag_s", "<=", lambda t: t.tolerance_s), Check("done", "==", True)),
             f"bandwidth toxic {FAST_RATE_KB_S} KB/s: above the stream's rate"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("stream_kb_per_s", "ttft_s", "last_token_lag_s", "total_s", "tokens", "done"),
     ),
 )

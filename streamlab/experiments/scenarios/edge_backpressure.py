@@ -22,10 +22,8 @@ docs/cancellation-and-backpressure.md has them per hop.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import uuid
-from dataclasses import dataclass
 
 import httpx
 
@@ -33,67 +31,19 @@ from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.experiments import socket_queues
 from streamlab.experiments.generation_end import state_name
+from streamlab.experiments.load_clients import Flood, FloodTooLong
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 # No progress for this long is a pause.
 PAUSED_AFTER_S = 1.0
-# What the hops in front of nginx (the client's 4 KB, the edge Toxiproxy's
-# socket buffers and chunks, nginx's 32 KB send buffer) take of a stalled
-# stream before nginx waits on a write: measured ~2,800 tokens (~700 KB) at a
-# 1 ms pace, ~4,500 (966 KB) at 5 ms on a default lab (30 s send timeout),
-# where the fixed mode missed a 3,000-token bound by 7.8 s: the edge's
-# buffers are autotuned (Toxiproxy sets none) and grow the longer it runs.
-EDGE_HOLDS_TOKENS = 5000
-# nginx's timer, and the close crossing the upstream hop to the gateway and the
-# cancel reaching the engine (measured 0.3-0.4 s past the fill + the timeout).
-CUT_SLACK_S = 1.0
-MAX_FLOOD_TOKENS = 16384
 # The hops a stalled stream's bytes cross, client side first.
 HOPS = ("client", "edge", "nginx", "upstream", "gateway")
-
-
-@dataclass(frozen=True)
-class Flood:
-    """An answer long and slow enough that a cut after the edge fills plus
-    nginx's send timeout lands well before its end: it lasts twice the send
-    timeout beyond what the hops in front of nginx soak up."""
-
-    tokens: int
-    gap_ms: int
-    send_timeout_s: float
-
-    @classmethod
-    def for_lab(cls, lab: LabTarget) -> Flood:
-        engine = lab.options.engine_settings()
-        if engine.max_tokens_limit < MAX_FLOOD_TOKENS:
-            # At 4,096 (the default once) the edge alone can hold the whole answer
-            # (measured 837 KiB of 870): both modes would "complete" and the
-            # fixed one fail for the lab's size, not nginx's settings.
-            raise ScenarioUnavailable(
-                f"needs {MAX_FLOOD_TOKENS}-token answers to outlast what the hops in front "
-                f"of nginx hold (~1 MB); this engine's max_tokens_limit is "
-                f"{engine.max_tokens_limit}: start the lab with "
-                f"STREAMLAB_ENGINE_MAX_TOKENS_LIMIT={MAX_FLOOD_TOKENS}")
-        tokens = MAX_FLOOD_TOKENS
-        timeout = lab.options.nginx.send_timeout_s
-        gap_ms = max(1, math.ceil(2000 * timeout / max(1, tokens - EDGE_HOLDS_TOKENS)))
-        return cls(tokens, gap_ms, timeout)
-
-    @property
-    def answer_s(self) -> float:
-        return self.tokens * self.gap_ms / 1000
-
-    @property
-    def cut_bound_s(self) -> float:
-        """When a reader that never read is cancelled at the latest: the hops in front
-        of nginx fill, nginx waits its send timeout, and the close reaches the engine."""
-        return EDGE_HOLDS_TOKENS * self.gap_ms / 1000 + self.send_timeout_s + CUT_SLACK_S
 
 
 def held_per_hop(lab: LabTarget) -> dict[str, int] | None:
@@ -125,8 +75,11 @@ async def sse_bytes_per_token(lab: LabTarget) -> float:
 
 async def slow_reader_edge(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     """A client that sends its request through the edge and never reads."""
+    try:
+        flood = Flood.for_lab(lab)
+    except FloodTooLong as exc:  # this lab cannot show the difference: not a verdict
+        raise ScenarioUnavailable(str(exc)) from exc
     per_token = await sse_bytes_per_token(lab)
-    flood = Flood.for_lab(lab)
     rid = f"scenario-slow-edge-{uuid.uuid4().hex[:8]}"
     body = chat_body("flood", prefill_ms=0, token_gap_ms=flood.gap_ms,
                      answer_tokens=flood.tokens, max_tokens=flood.tokens)
@@ -220,6 +173,7 @@ BACKPRESSURE: tuple[Scenario, ...] = (
             "/: proxy_buffering off, a 32 KB send buffer per client connection, and "
             "send_timeout = the gateway's send timeout: nginx closes the client and the "
             "upstream, and the gateway cancels the generation"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("tokens_asked", "gap_ms", "answer_s", "send_timeout_s", "sse_bytes_per_token",
                *(f"held_{h}_kib" for h in HOPS), "held_sockets_kib", "edge_side_full_after_s",
                "paused_by_flow_control", "tokens_generated", "engine_state",

@@ -43,7 +43,7 @@ from streamlab.experiments.scenarios.lifecycle import record_when_done
 from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -183,6 +183,7 @@ def _scenario(name: str, fault: str, summary: str, bound: Callable[[Timing], flo
              Check("engine_state", "==", "cancelled",
                    "and the engine stopped: nothing generates on for nobody")),
             f"{story}; the gateway reports it as an error event"),
+        needs=frozenset({Capability.TOGGLE_HOPS, Capability.ENGINE_RECORD}),
         shown=("client_tokens", "done", "error_type", "error_code", "ended_after_fault_s",
                "hung", "engine_state", "engine_cancelled_after_fault_s"),
         # A black hole's measure asks for more (past both keepalives); a replay

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from typing import Any
 
 import anyio
 import httpx
@@ -29,12 +28,12 @@ import httpx
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from services.engine.backends.fake import token_text
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.seventh_tab import ConnectionCounter
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab.lab.toxiproxy import Toxic
 
 STREAMS = 7
@@ -47,9 +46,9 @@ HOP = "edge-h2"
 CUT = Toxic("reset_peer", {"timeout": 0}, name="shared_fate_cut")
 
 
-def _body(timing: Timing) -> dict[str, Any]:
-    body = chat_body("shared fate", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
-                     answer_tokens=STREAM_TOKENS)
+def _body(timing: Timing) -> dict[str, JSON]:
+    body: dict[str, JSON] = chat_body("shared fate", prefill_ms=timing.prefill_ms,
+                                      token_gap_ms=timing.gap_ms, answer_tokens=STREAM_TOKENS)
     body["resume"] = {"retry_ms": RETRY_MS}
     return body
 
@@ -108,7 +107,7 @@ async def shared_fate(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     cut_seen: dict[str, float] = {}
     results: dict[str, ResumeResult] = {}
 
-    created: list[dict[str, Any]] = []
+    created: list[dict[str, JSON]] = []
     # The tabs: one client, at most one connection, every stream on it; each
     # creates its stream and follows it at once.
     one = httpx.Limits(max_connections=1)
@@ -201,6 +200,7 @@ H2_SHARED_FATE = Scenario(
          Check("duplicates_total", "==", 0, "none twice"),
          Check("streams_done", "==", STREAMS)),
         "EventSource's way: retry:, then Last-Event-ID, replay, live"),
+    needs=frozenset({Capability.TOGGLE_HOPS}),
     shown=("streams", "tcp_connections_at_cut", "tcp_connections_seen", "tokens_before_cut_min",
            "streams_cut", "cut_spread_s", "reconnections", "streams_exact", "missing_total",
            "duplicates_total", "streams_done"),

@@ -28,7 +28,7 @@ from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 LEAVE_AFTER = 3
@@ -199,6 +199,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
              Check("tokens_after_cancel", "<=", 1, "at most the decode step under way"),
              Check("cancel_latency_ms", "<", 1000, "the engine heard within a second")),
             "relay: direct (disconnect → task group cancelled → gRPC call cancelled)"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("client_tokens", "engine_state", "tokens_generated", "tokens_after_client_left",
                "tokens_after_cancel", "cancel_latency_ms"),
         client=ClientSettings(leave_after_tokens=LEAVE_AFTER),
@@ -225,6 +226,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
                    "the engine heard at once, mid-prefill"),
              Check("tokens_generated", "==", 0, "nothing was generated for nobody")),
             "/: nginx closes the upstream when the client closes (its default)"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("status", "left_after_s", "engine_state", "tokens_generated",
                "cancel_latency_ms"),
         client=ClientSettings(prefill_ms=SILENT_PREFILL_MS, silent_prefill=True,
@@ -245,6 +247,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
              Check("tokens_generated", "<", FLOOD_TOKENS, "stopped before the end"),
              Check("engine_state", "==", "cancelled", "and cancelled when the client left")),
             "relay: direct (bounded read-ahead: 16 KiB gRPC window per stream)"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("paused_by_flow_control", "paused_at_tokens", "tokens_generated", "engine_state"),
     ),
     Scenario(
@@ -268,6 +271,7 @@ LIFECYCLE: tuple[Scenario, ...] = (
                    "within the TTL plus one reaper interval of the last poll"),
              Check("job_held_at_end", "==", False, "deleted: its id now answers 404")),
             f"job_ttl_s: {JOB_TTL_S:g} (the reaper cancels and deletes jobs nobody polls)"),
+        needs=frozenset({Capability.ENGINE_RECORD}),
         shown=("job_ttl_s", "client_tokens", "tokens_asked", "engine_state", "tokens_generated",
                "tokens_after_client_left", "tokens_after_cancel", "reaped_after_s",
                "job_held_at_end"),

@@ -13,8 +13,6 @@ import asyncio
 import json
 import re
 import time
-from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -22,7 +20,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from services.client.openai_stream import chat_body, stream_chat
-from streamlab.experiments.report import Figures
+from streamlab.experiments.load_clients import LogTail
+from streamlab.experiments.report import JSON, Figures
 from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Setup
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
@@ -33,7 +32,7 @@ CONNECT_TIMEOUT_S = 5.0
 EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
-def request_body(setup: Setup, timing: Timing, prompt: str = "scenario") -> dict[str, Any]:
+def request_body(setup: Setup, timing: Timing, prompt: str = "scenario") -> dict[str, JSON]:
     pauses = ([{"after_token": THINK_AFTER_TOKEN, "pause_ms": int(timing.think_s * 1000)}]
               if setup.think_pause else None)
     heartbeat = {"gateway": None, "off": 0, "on": timing.heartbeat_s}[setup.heartbeat]
@@ -51,30 +50,6 @@ def hang_deadline_s(setup: Setup, timing: Timing) -> float:
     if setup.patience == "short":
         return expected + 3 * timing.watchdog_s + timing.tolerance_s
     return 2 * expected + 10.0
-
-
-class LogTail:
-    """What a log file gains from now on: only the new bytes are read (the lab's
-    logs only grow, access lines included)."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._start = path.stat().st_size if path.exists() else 0
-
-    @classmethod
-    def of(cls, lab: LabTarget, service: str) -> LogTail | None:
-        """The service's log from now on; None when the lab has no `logs` capability."""
-        logs = lab.logs
-        return cls(logs[service]) if logs is not None and service in logs else None
-
-    def count(self, *needles: str) -> int:
-        try:
-            with self._path.open("rb") as log:
-                log.seek(self._start)
-                text = log.read().decode(errors="replace")
-        except FileNotFoundError:
-            return 0
-        return sum(text.count(needle) for needle in needles)
 
 
 def _short(message: str, limit: int = 70) -> str:
@@ -145,9 +120,9 @@ async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figure
                                compression=None) as ws:
                 figures["handshake_status"] = 101
                 # The /ws contract: {"prompt": ..., "streamlab": {...}} (ws_routes.WsPrompt).
-                chat = request_body(setup, timing)
-                await ws.send(json.dumps({"prompt": chat["messages"][0]["content"],
-                                          "streamlab": chat.get("streamlab")}))
+                prompt = "scenario"
+                chat = request_body(setup, timing, prompt)
+                await ws.send(json.dumps({"prompt": prompt, "streamlab": chat.get("streamlab")}))
                 async for message in ws:
                     if message == "[DONE]":
                         figures["done"] = True
@@ -262,6 +237,14 @@ def _parse_naive(reads: list[bytes]) -> tuple[list[str], int, int]:
     return texts, parsed, errors
 
 
-def _content(payload: dict[str, Any]) -> list[str]:
-    return [c["delta"]["content"] for c in payload.get("choices", ())
-            if c.get("delta", {}).get("content")]
+def _content(payload: JSON) -> list[str]:
+    """The content of each choice's delta in one chat.completion.chunk; none
+    from a payload of any other shape."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    texts = []
+    for choice in choices if isinstance(choices, list) else ():
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(content, str) and content:
+            texts.append(content)
+    return texts

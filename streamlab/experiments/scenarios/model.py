@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from streamlab.errors import StreamlabError
 from streamlab.experiments.report import JSON, Check, Figure, Figures
 from streamlab.experiments.timing import Timing
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import Toxic
 
 if TYPE_CHECKING:
@@ -55,10 +56,11 @@ class Setup:
     parser: Literal["sse", "naive"] = "sse"  # naive: one event per read (the classic bug)
     read_pause_s: float = 0.0  # a slow consumer: pause between reads
 
-    def as_json(self) -> dict[str, Any]:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**fields, "knobs": dict(self.knobs),
-                "toxics": [{"hop": hop, **toxic.as_json()} for hop, toxic in self.toxics]}
+    def as_json(self) -> dict[str, JSON]:
+        fields: dict[str, JSON] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        knobs: dict[str, JSON] = dict(self.knobs)
+        toxics: list[JSON] = [{"hop": hop, **toxic.as_json()} for hop, toxic in self.toxics]
+        return {**fields, "knobs": knobs, "toxics": toxics}
 
 
 THINK_AFTER_TOKEN = 2
@@ -75,9 +77,9 @@ class Variant:
     expect: tuple[Check, ...]
     story: str
 
-    def as_json(self, timing: Timing) -> dict[str, Any]:
-        return {"story": self.story, "setup": self.setup.as_json(),
-                "expect": [check.as_json(timing) for check in self.expect]}
+    def as_json(self, timing: Timing) -> dict[str, JSON]:
+        expect: list[JSON] = [check.as_json(timing) for check in self.expect]
+        return {"story": self.story, "setup": self.setup.as_json(), "expect": expect}
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,19 @@ class Scenario:
     fixed: Variant
     shown: tuple[str, ...] = field(default=())  # figures to show first, in this order
     client: ClientSettings = field(default_factory=ClientSettings)
+    # What of the target the scenario uses beyond what every target has: its
+    # measure reads the engine's record, the services' logs, toggles hops. A
+    # scenario that starts a private lab of its own needs nothing of the
+    # target's replicas or restarts (its private lab has them).
+    needs: frozenset[Capability] = frozenset()
 
     def variant(self, mode: Mode) -> Variant:
         return self.broken if mode == "broken" else self.fixed
 
-    def as_json(self, timing: Timing) -> dict[str, Any]:
+    def as_json(self, timing: Timing) -> dict[str, JSON]:
         """What the catalogue holds for this scenario (`streamlab scenario list --json`)."""
+        shown: list[JSON] = list(self.shown)
+        needs: list[JSON] = [str(capability) for capability in sorted(self.needs)]
+        modes: dict[str, JSON] = {mode: self.variant(mode).as_json(timing) for mode in MODES}
         return {"name": self.name, "summary": self.summary, "measure": self.measure.__name__,
-                "shown": list(self.shown),
-                "modes": {mode: self.variant(mode).as_json(timing) for mode in MODES}}
+                "shown": shown, "needs": needs, "modes": modes}

@@ -36,10 +36,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from services.client.openai_stream import chat_body
-from streamlab.experiments.report import Check
+from streamlab.experiments.report import JSON, Check
 from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Timeline, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab
@@ -51,7 +51,7 @@ CUT_AFTER_RAMP_S = 0.5
 CUT_S = 1.5  # how long the edge stays down
 TOKENS, GAP_MS = 30, 200  # 6 s of tokens: every stream is live at the cut
 RECOVERY_TARGET_S = 10.0
-PEAK_FACTOR = 4.0  # the issue's bound: peak ≤ 4x the steady rate
+PEAK_FACTOR = 4.0  # the bound: a peak of at most 4x the steady rate
 GIVE_UP_AFTER_S = 40.0  # past the restore: a client still not done is counted lost
 BROKEN_RETRY_MS = 500
 FIXED_RETRY_MS, FIXED_JITTER_MS = 1000, 4000
@@ -107,7 +107,7 @@ async def _request(host: str, port: int, head: str, body: bytes = b""
 
 
 class Storm:
-    def __init__(self, host: str, port: int, body: dict[str, Any]) -> None:
+    def __init__(self, host: str, port: int, body: dict[str, JSON]) -> None:
         self.host, self.port = host, port
         self.payload = json.dumps(body).encode()
         self.t0 = time.perf_counter()
@@ -322,15 +322,26 @@ RECONNECT_STORM = Scenario(
 register(RECONNECT_STORM)
 
 
-def load_timelines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+class StormTimeline(TypedDict):
+    """A timeline file as storm() writes it: every GET of the events URL."""
+
+    mode: str
+    attempts: list[tuple[float, str]]  # (s since the storm began, outcome)
+    cut_at: float
+    restored_at: float
+    streams: int
+    steady_per_s: float
+
+
+def load_timelines(paths: Iterable[Path]) -> dict[str, StormTimeline]:
     """The timeline files `scenario run reconnect-storm` wrote (its reports'
     artifacts: <run dir>/scenarios/reconnect-storm-<mode>-attempts.json), per
     mode: the input of plot_timeline."""
-    timelines = (json.loads(path.read_text()) for path in paths)
+    timelines: list[StormTimeline] = [json.loads(path.read_text()) for path in paths]
     return {timeline["mode"]: timeline for timeline in timelines}
 
 
-def plot_timeline(timelines: dict[str, dict[str, Any]], path: Path) -> None:
+def plot_timeline(timelines: dict[str, StormTimeline], path: Path) -> None:
     """Connection attempts per 100 ms, both modes, with the cut shaded."""
     import matplotlib
 

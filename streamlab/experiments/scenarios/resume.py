@@ -16,25 +16,24 @@ reconnection too. One scenario per hop, as for latency.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import httpx
 
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget
 from streamlab.lab.toxiproxy import Toxic
 
 CUT_BYTES = 900  # a few tokens into the first response, mid-event
 RETRY_MS = 100  # the `retry:` the stream asks for, so a reconnection is quick
 
 
-def request_body(timing: Timing) -> dict[str, Any]:
-    body = chat_body("resume scenario", **timing.fake_model())
+def request_body(timing: Timing) -> dict[str, JSON]:
+    body: dict[str, JSON] = chat_body("resume scenario", **timing.fake_model())
     body["resume"] = {"retry_ms": RETRY_MS}
     return body
 
@@ -114,6 +113,7 @@ def _resume(hop: str) -> Scenario:
                        "a client that does not come back (no Last-Event-ID)"),
         fixed=Variant(Setup(knobs={"resume": True, "hop": hop}), FIXED,
                       "EventSource-like client: retry:, then Last-Event-ID, replay, live"),
+        needs=frozenset({Capability.TOGGLE_HOPS}),
         shown=("cuts", "connections", "tokens_expected", "tokens_received", "missing",
                "duplicates", "text_equal", "resumed_from", "terminal"),
     )

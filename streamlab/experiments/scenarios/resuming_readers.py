@@ -22,9 +22,8 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
-from streamlab.experiments.report import Figures
+from streamlab.experiments.report import JSON, Figures
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})
@@ -74,7 +73,7 @@ class Reader:
     statuses: list[int] = field(default_factory=list)  # one per connection
     ends: list[str] = field(default_factory=list)  # how each connection ended
     terminal: str | None = None
-    terminal_data: dict[str, Any] | None = None
+    terminal_data: dict[str, JSON] | None = None  # the terminal event's data
     error: str | None = None  # why it stopped without a terminal event
     gaps: int = 0
     last_id: str | None = None

@@ -23,13 +23,12 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from services.client.openai_stream import chat_body
 from services.engine.backends.fake import token_text
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
@@ -69,8 +68,8 @@ def client_count(timing: Timing, full: int = STREAMS) -> int:
     return max(4, math.ceil(full * timing.load_scale))
 
 
-def request_body() -> dict[str, Any]:
-    body = chat_body("rolling deploy", prefill_ms=100, token_gap_ms=GAP_MS,
+def request_body() -> dict[str, JSON]:
+    body: dict[str, JSON] = chat_body("rolling deploy", prefill_ms=100, token_gap_ms=GAP_MS,
                      answer_tokens=TOKENS, max_tokens=TOKENS)
     body["resume"] = {"retry_ms": RETRY_MS}
     return body
@@ -94,7 +93,7 @@ class Clients:
         async with httpx.AsyncClient(timeout=httpx.Timeout(15.0)) as http:
             await asyncio.gather(*(self._client(http, body, i) for i in range(self.count)))
 
-    async def _client(self, http: httpx.AsyncClient, body: dict[str, Any], i: int) -> None:
+    async def _client(self, http: httpx.AsyncClient, body: dict[str, JSON], i: int) -> None:
         await asyncio.sleep(i * 0.02)  # a ramp, not one burst of connects
         while not self.deploy_over.is_set():
             path = await self._create(http, body)
@@ -107,7 +106,7 @@ class Clients:
             if reader.terminal != "done":  # lost: the user asks again, not at once
                 await asyncio.sleep(1.0)
 
-    async def _create(self, http: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
+    async def _create(self, http: httpx.AsyncClient, body: dict[str, JSON]) -> str | None:
         try:
             response = await http.post(f"{self.lab.edge_url}/v1/streams", json=body)
         except httpx.HTTPError:

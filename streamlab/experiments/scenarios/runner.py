@@ -3,6 +3,7 @@
     run(lab, scenario, mode, timing) -> Report      one mode, judged
     run_plan(lab, plan, timing) -> Report           a plan's runs, with the policy:
                                                     skipped / error / target unreachable
+    needs_of(scenario) -> frozenset[Capability]     what a run of it asks of the target
 
 The runner owns the toxics: it resets Toxiproxy, applies the mode's toxics,
 measures, and resets again on every exit path, so a failed run leaves the lab
@@ -13,6 +14,7 @@ same figures, which is what proves a check would catch the thing it is about.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import secrets
@@ -32,8 +34,9 @@ from streamlab.experiments.scenarios.model import (
     ScenarioUnavailable,
 )
 from streamlab.experiments.timing import Timing
-from streamlab.lab.target import LabTarget
+from streamlab.lab.target import Capability, LabTarget, MissingCapability, require
 from streamlab.lab.toxiproxy import ToxiproxyError
+from streamlab.lab.watchdog import ToxiproxyWatchdog
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,17 @@ class TargetUnreachable(StreamlabError, RuntimeError):
     this run could run either, so the plan stops."""
 
 
+# What every run asks of the target whatever the scenario: the runner resets
+# Toxiproxy's hops before and after each one, so a leftover toxic cannot
+# carry over into the next run.
+RUNNER_NEEDS = frozenset({Capability.TOGGLE_HOPS})
+
+
+def needs_of(scenario: Scenario) -> frozenset[Capability]:
+    """The capabilities a run of `scenario` needs: its own and the runner's."""
+    return scenario.needs | RUNNER_NEEDS
+
+
 def artifacts_dir(lab: LabTarget) -> Path:
     """Where a run's timelines go: beside the lab's logs."""
     return lab.run_dir / "scenarios"
@@ -98,7 +112,10 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing, *,
               out_dir: Path | None = None) -> Report:
     """One mode of one scenario, judged: its own checks, and the other mode's on
     the same figures. Timelines the measure recorded are written under `out_dir`
-    (default: artifacts_dir(lab)) and listed as the report's artifacts."""
+    (default: artifacts_dir(lab)) and listed as the report's artifacts.
+    MissingCapability, before Toxiproxy is touched, when the target lacks what
+    the scenario needs (needs_of)."""
+    require(lab, needs_of(scenario), f"scenario {scenario.name}")
     variant = scenario.variant(mode)
     other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
     with lab.toxiproxy() as toxiproxy:
@@ -141,20 +158,27 @@ def not_run(scenario: str, mode: Mode, status: Literal["skipped", "error"], reas
 async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
                    on_start: Callable[[int, str, Mode], None] | None = None,
                    on_report: Callable[[int, Report], None] | None = None,
-                   out_dir: Path | None = None) -> Report:
+                   out_dir: Path | None = None,
+                   watchdog: ToxiproxyWatchdog | None = None) -> Report:
     """Every run of the plan, in its order, as one report: its parts are the
     repeats (variant "repeat N"), and theirs each run's report.
 
     The policy, the same for one scenario as for all of them:
-      - a scenario this lab or machine cannot run (ScenarioUnavailable: no
-        chromium, no HTTP/2 edge) is a part with status "skipped" and the reason:
-        no verdict, and no wrong one;
+      - a scenario this lab or machine cannot run (a capability it needs that the
+        target lacks, checked before Toxiproxy is touched; ScenarioUnavailable:
+        no chromium, no HTTP/2 edge) is a part with status "skipped" and the
+        reason: no verdict, and no wrong one;
       - a measure that crashes (a browser call that timed out, a client error)
         is a part with status "error" and the reason, which is a wrong verdict,
         and the rest of the plan still runs;
       - a lab that is not there (its Toxiproxy API does not answer) raises
         TargetUnreachable: nothing after it could run either (a Toxiproxy that
         answers but refuses an operation is that run's error).
+      - with a `watchdog` (lab/watchdog.py), every Toxiproxy process is probed
+        before each run and after a run that Toxiproxy failed: one that has
+        wedged or died is restarted with its proxies and toxics, the run it
+        broke is that run's error naming the restart, and the plan goes on
+        (figure `toxiproxy_restarts`).
     `on_start(repeat, scenario, mode)` and `on_report(repeat, report)` let a
     caller show progress as the runs go."""
     rounds: list[Report] = []
@@ -163,17 +187,9 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
         for name, mode in order:
             if on_start is not None:
                 on_start(number, name, mode)
-            try:
-                report = await run(lab, registry.get(name), mode, timing, out_dir=out_dir)
-            except ToxiproxyError as exc:
-                if exc.status_code:  # it answered, and refused this run's toxic: its error
-                    report = not_run(name, mode, "error", str(exc)[:200])
-                else:
-                    raise TargetUnreachable(str(exc)) from exc
-            except ScenarioUnavailable as exc:
-                report = not_run(name, mode, "skipped", str(exc))
-            except Exception as exc:  # any crash is this run's error, not the plan's
-                report = not_run(name, mode, "error", f"{type(exc).__name__}: {exc}"[:200])
+            if watchdog is not None:
+                await asyncio.to_thread(watchdog.check)
+            report = await _run_one(lab, registry.get(name), mode, timing, out_dir, watchdog)
             parts.append(report)
             if on_report is not None:
                 on_report(number, report)
@@ -186,6 +202,32 @@ async def run_plan(lab: LabTarget, plan: Plan, timing: Timing, *,
         "unexpected": sum(not p.as_expected for p in runs),
         "skipped": sum(p.status == "skipped" for p in runs),
     }
+    if watchdog is not None:
+        figures["toxiproxy_restarts"] = len(watchdog.restarts)
     story = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + (
         f", shuffled with --seed {plan.seed}" if plan.seed is not None else "")
     return Report(experiment="scenarios", story=story, figures=figures, parts=tuple(rounds))
+
+
+async def _run_one(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing,
+                   out_dir: Path | None, watchdog: ToxiproxyWatchdog | None = None) -> Report:
+    """One run under run_plan's policy (its docstring)."""
+    try:
+        # Declared needs first: a lab without them skips before Toxiproxy is touched.
+        require(lab, needs_of(scenario), f"scenario {scenario.name}")
+    except MissingCapability as exc:
+        return not_run(scenario.name, mode, "skipped", str(exc))
+    try:
+        return await run(lab, scenario, mode, timing, out_dir=out_dir)
+    except ToxiproxyError as exc:
+        restarts = await asyncio.to_thread(watchdog.check) if watchdog is not None else []
+        if restarts:  # it had wedged or died under this run: restarted, the plan goes on
+            healed = "; ".join(r.describe() for r in restarts)
+            return not_run(scenario.name, mode, "error", f"{str(exc)[:120]} ({healed})")
+        if exc.status_code:  # it answered, and refused this run's toxic: its error
+            return not_run(scenario.name, mode, "error", str(exc)[:200])
+        raise TargetUnreachable(str(exc)) from exc
+    except ScenarioUnavailable as exc:
+        return not_run(scenario.name, mode, "skipped", str(exc))
+    except Exception as exc:  # any crash is this run's error, not the plan's
+        return not_run(scenario.name, mode, "error", f"{type(exc).__name__}: {exc}"[:200])

@@ -31,7 +31,7 @@ import contextlib
 import json
 import math
 import time
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
 
@@ -39,7 +39,7 @@ from services.client.openai_stream import chat_body
 from services.client.resume_stream import create_stream
 from streamlab.experiments import socket_queues
 from streamlab.experiments.browser import Browser, Page, chromium, find_chromium, trust_spki_flag
-from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.report import JSON, Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
@@ -53,10 +53,32 @@ STREAM_OUTLASTS_S = HOLD_S + 12.0  # the streams outlast every step of the scena
 SAMPLE_S = 0.05
 
 
-async def _tab_state(page: Page) -> dict[str, Any] | None:
-    state: dict[str, Any] | None = await page.evaluate(
+@dataclass(frozen=True)
+class TabState:
+    """What a tab's EventSource saw (_start_script's `tab`), page clock in ms;
+    all None before the script ran."""
+
+    t0: float | None = None
+    first: float | None = None  # the first token
+    errors: int | None = None
+    protocol: str | None = None  # the navigation's: "http/1.1" or "h2"
+
+    @classmethod
+    def of(cls, value: JSON) -> TabState:
+        if not isinstance(value, dict):
+            return cls()
+        t0, first, errors, protocol = (value.get(k) for k in ("t0", "first", "errors",
+                                                               "protocol"))
+        return cls(t0=float(t0) if isinstance(t0, int | float) else None,
+                   first=float(first) if isinstance(first, int | float) else None,
+                   errors=errors if isinstance(errors, int) else None,
+                   protocol=protocol if isinstance(protocol, str) else None)
+
+
+async def _tab_state(page: Page) -> TabState:
+    value: JSON = await page.evaluate(
         "typeof tab === 'undefined' ? null : JSON.parse(JSON.stringify(tab))")
-    return state
+    return TabState.of(value)
 
 
 def _start_script(events_url: str) -> str:
@@ -105,19 +127,18 @@ async def _open_tabs(browser: Browser, origin: str) -> list[Page]:
     return pages
 
 
-async def _states(pages: list[Page]) -> list[dict[str, Any]]:
-    states = await asyncio.gather(*(_tab_state(p) for p in pages))
-    return [s or {} for s in states]
+async def _states(pages: list[Page]) -> list[TabState]:
+    return list(await asyncio.gather(*(_tab_state(p) for p in pages)))
 
 
-def _streaming(states: list[dict[str, Any]]) -> int:
-    return sum(1 for s in states if s.get("first") is not None)
+def _streaming(states: list[TabState]) -> int:
+    return sum(1 for s in states if s.first is not None)
 
 
-async def _create_streams(lab: LabTarget, timing: Timing) -> list[dict[str, Any]]:
+async def _create_streams(lab: LabTarget, timing: Timing) -> list[dict[str, JSON]]:
     tokens = math.ceil(STREAM_OUTLASTS_S * 1000 / STREAM_GAP_MS)
-    body = chat_body("seventh tab", prefill_ms=timing.prefill_ms, token_gap_ms=STREAM_GAP_MS,
-                     answer_tokens=tokens)
+    body: dict[str, JSON] = chat_body("seventh tab", prefill_ms=timing.prefill_ms,
+                                      token_gap_ms=STREAM_GAP_MS, answer_tokens=tokens)
     # Grace: a tab that has not attached yet (the seventh, in the broken mode)
     # must find its stream still there; DELETE ends them all at the end.
     body["resume"] = {"grace_s": STREAM_OUTLASTS_S}
@@ -125,7 +146,7 @@ async def _create_streams(lab: LabTarget, timing: Timing) -> list[dict[str, Any]
         return [await create_stream(http, lab.edge_url, body) for _ in range(TABS)]
 
 
-async def _cancel_streams(lab: LabTarget, streams: list[dict[str, Any]]) -> None:
+async def _cancel_streams(lab: LabTarget, streams: list[dict[str, JSON]]) -> None:
     async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
         for stream in streams:
             with contextlib.suppress(httpx.HTTPError):
@@ -164,7 +185,7 @@ async def seventh_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
             "edge_connections_seen": len(counter.seen)}
 
 
-async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, Any]],
+async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, JSON]],
                 timing: Timing) -> Figures:
     """Start the seven EventSources, hold, close a streaming tab, wait for the seventh.
 
@@ -172,7 +193,7 @@ async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, Any
     the browser queued: it need not be the last one started), or the last
     one started when none waits."""
     for page, stream in zip(pages, streams, strict=True):
-        await page.evaluate(_start_script(stream["events_url"]))
+        await page.evaluate(_start_script(str(stream["events_url"])))
     started = time.monotonic()
     states = await _states(pages)
     while _streaming(states) < TABS and time.monotonic() - started < HOLD_S:
@@ -180,27 +201,27 @@ async def _race(browser: Browser, pages: list[Page], streams: list[dict[str, Any
         states = await _states(pages)
     at_once = _streaming(states)
 
-    waiting = [p for p, s in zip(pages, states, strict=True) if s.get("first") is None]
+    waiting = [p for p, s in zip(pages, states, strict=True) if s.first is None]
     seventh = waiting[0] if waiting else pages[-1]
     closed_at_ms = time.time() * 1000
     await browser.close_page(next(p for p in pages if p is not seventh))
     deadline = time.monotonic() + HOLD_S + 10 * timing.tolerance_s + 5.0
-    state = await _tab_state(seventh) or {}
-    while state.get("first") is None and time.monotonic() < deadline:
+    state = await _tab_state(seventh)
+    while state.first is None and time.monotonic() < deadline:
         await asyncio.sleep(SAMPLE_S)
-        state = await _tab_state(seventh) or {}
-    first = state.get("first")
+        state = await _tab_state(seventh)
+    first, t0 = state.first, state.t0
     return {
         "tabs": TABS,
-        "protocol": state.get("protocol"),
+        "protocol": state.protocol,
         "streaming_at_once": at_once,
         "pending_tabs": TABS - at_once,
         "seventh_streamed": first is not None,
-        "seventh_wait_s": None if first is None else round((first - state["t0"]) / 1000, 3),
+        "seventh_wait_s": None if first is None or t0 is None else round((first - t0) / 1000, 3),
         # Negative: it streamed before any tab closed.
         "seventh_after_close_s": None if first is None
         else round((first - closed_at_ms) / 1000, 3),
-        "seventh_errors": state.get("errors"),
+        "seventh_errors": state.errors,
     }
 
 

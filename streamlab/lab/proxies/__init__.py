@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from streamlab.lab.nginx import NginxOptions
@@ -52,5 +53,6 @@ def edge_proxy(name: str, nginx_options: NginxOptions | None = None,
 
 def install(name: str) -> None:
     """Install the proxy with the project's script (its first `--proxy NAME`)."""
+    # Its output to stderr: stdout may be a command's JSON document (`up --json`).
     subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install_proxies.sh"), name],
-                   check=True, cwd=REPO_ROOT)
+                   check=True, cwd=REPO_ROOT, stdout=sys.stderr)

@@ -22,6 +22,7 @@ def test_list_json_holds_every_scenario_with_both_modes_and_their_checks() -> No
     listed = catalogue_json()
 
     assert [s["name"] for s in listed] == list(names())
+    assert len(listed) == 28
     for entry in listed:
         scenario = get(entry["name"])
         assert entry["summary"] == scenario.summary
@@ -48,3 +49,10 @@ def test_resume_is_listed_like_any_other_scenario() -> None:
     resume = next(s for s in catalogue_json() if s["name"] == "resume")
     assert resume["modes"]["broken"]["setup"]["knobs"] == {"resume": False, "hop": "edge"}
     assert resume["modes"]["fixed"]["setup"]["knobs"] == {"resume": True, "hop": "edge"}
+
+
+def test_list_json_names_what_each_scenario_needs_of_the_lab() -> None:
+    needs = {s["name"]: s["needs"] for s in catalogue_json()}
+    assert needs["idle-cut"] == ["logs"]
+    assert needs["engine-cut"] == ["engine_record", "toggle_hops"]
+    assert needs["buffering"] == []

@@ -5,12 +5,14 @@ the runner's `run`; the policy around them, run_plan's, is the real one)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
+import streamlab.commands.exits as exits
 import streamlab.commands.scenario as scenario_command
 import streamlab.experiments.scenarios as scenarios
 import streamlab.experiments.scenarios.runner as runner
@@ -25,7 +27,10 @@ from streamlab.experiments.scenarios import (
     names,
     plan_runs,
 )
+from streamlab.lab.fake import FakeLab
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import ToxiproxyError
+from streamlab.lab.watchdog import Probe, ToxiproxyWatchdog
 
 RUNS = len(names()) * len(MODES)
 DONE = (Check("done", "==", True),)
@@ -48,9 +53,17 @@ def install(monkeypatch: pytest.MonkeyPatch, wrong: tuple[str, str] | None = Non
         figures: Figures = {"done": (scenario.name, mode) != wrong}
         return Report(scenario.name, mode, "story", figures, judge(DONE, figures, timing))
 
-    monkeypatch.setattr(scenario_command, "attached", lambda run_dir: object())
+    # A lab with every capability: each scenario's needs are met, so every pair runs.
+    monkeypatch.setattr(exits, "attached",
+                        lambda run_dir: FakeLab(capabilities=Capability))
     monkeypatch.setattr(scenarios, "timing_for", lambda lab, **_: Timing())
     monkeypatch.setattr(runner, "run", fake_run)
+    # The fake lab can restart services, so the command gives it the Toxiproxy
+    # watchdog; its probes would dial the fake's never-resolving host and find
+    # every process down. Here both answer: what a Toxiproxy failure does to the
+    # plan is this module's subject, not the watchdog's (test_run_plan.py's).
+    monkeypatch.setattr(scenario_command, "ToxiproxyWatchdog", lambda lab: ToxiproxyWatchdog(
+        lab, probe_api=lambda url, timeout_s: Probe("ok")))
     return ran
 
 
@@ -127,8 +140,9 @@ def test_the_json_is_one_report_whose_parts_are_each_mode_s_report(
     runs = report["parts"][0]["parts"]
     assert [(r["experiment"], r["variant"], r["verdict"]) for r in runs] == [
         ("buffering", "broken", "UNEXPECTED"), ("buffering", "fixed", "works as expected")]
+    # A lab that can restart services runs with the watchdog, which counts its restarts.
     assert report["figures"] == {"seed": None, "runs": 2, "as_expected": 1, "unexpected": 1,
-                                 "skipped": 0}
+                                 "skipped": 0, "toxiproxy_restarts": 0}
 
 
 def test_an_unknown_scenario_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +169,7 @@ def test_no_lab_to_attach_to_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_lab(run_dir: Any) -> Any:
         raise typer.Exit(1)  # as attached() does, having said why
 
-    monkeypatch.setattr(scenario_command, "attached", no_lab)
+    monkeypatch.setattr(exits, "attached", no_lab)
     assert invoke("idle-cut").exit_code == 3
 
 
@@ -164,3 +178,17 @@ def test_the_exit_codes_are_in_the_help() -> None:
 
     assert result.exit_code == 0
     assert "3 the target is unreachable" in " ".join(result.output.split())
+
+
+def test_a_single_scenario_says_each_mode_s_start_and_end_as_it_goes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, wrong=("idle-cut", "fixed"))
+    lines = invoke("idle-cut").output.splitlines()
+
+    said = [line for line in lines if line.startswith("[")]
+    assert said[0] == "[1/2] idle-cut broken ..."
+    assert re.fullmatch(r"\[1/2\] idle-cut broken \.\.\. broke as expected \(\d+ s\)", said[1])
+    assert said[2] == "[2/2] idle-cut fixed ..."
+    assert re.fullmatch(r"\[2/2\] idle-cut fixed \.\.\. UNEXPECTED \(\d+ s\)", said[3])
+    # Each end line comes before the table of both modes, not after it.
+    assert lines.index(said[3]) < next(i for i, line in enumerate(lines) if "idle-cut:" in line)

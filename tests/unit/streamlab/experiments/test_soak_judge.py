@@ -18,12 +18,12 @@ from streamlab.experiments.soak_verdict import (
     BrokenThing,
     Fault,
     SoakRun,
-    StreamRun,
     figures,
 )
 from streamlab.experiments.timing import Timing
 from streamlab.lab.fake import FakeLab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from tests.unit.streamlab.experiments.soak_runs import stream
 
 # The soak's bounds are plain numbers: any timing judges them the same.
 TIMING = Timing()
@@ -32,13 +32,6 @@ TIMING = Timing()
 def failing(run: SoakRun) -> set[str]:
     return {result.check.figure for result in judge(CHECKS, figures(run), TIMING)
             if not result.holds}
-
-
-def stream(i: int, behaviour: str, outcome: str, start: float = 0.0, end: float = 1.0,
-           left_at: float | None = None, engine_state: str = "") -> StreamRun:
-    return StreamRun(i, behaviour, started_at=start, ended_at=end, outcome=outcome,
-                     request_id=f"soak-{i}", left_at=left_at, leave_bound_s=2.0,
-                     engine_state=engine_state)
 
 
 def clean() -> SoakRun:

@@ -20,13 +20,7 @@ from streamlab.experiments.soak_verdict import (
     self_test_part,
     self_test_report,
 )
-
-
-def stream(i: int, behaviour: str, outcome: str, start: float = 0.0, end: float = 1.0,
-           left_at: float | None = None, engine_state: str = "") -> StreamRun:
-    return StreamRun(i, behaviour, started_at=start, ended_at=end, outcome=outcome,
-                     request_id=f"r{i}", left_at=left_at, leave_bound_s=2.0,
-                     engine_state=engine_state)
+from tests.unit.streamlab.experiments.soak_runs import stream
 
 
 def clean_run() -> SoakRun:

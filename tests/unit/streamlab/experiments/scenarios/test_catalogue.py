@@ -6,13 +6,14 @@ import pytest
 
 from streamlab.experiments.report import Figure, judge
 from streamlab.experiments.scenarios import MODES, Check, Timing, get, names
+from streamlab.lab.target import Capability
 from streamlab.lab.toxiproxy import TOXIC_TYPES
 
 TIMING = Timing()
 HOPS = {"edge", "upstream", "engine"}
 
 
-def test_catalogue_has_the_issues_scenarios() -> None:
+def test_catalogue_has_the_proxy_and_client_scenarios() -> None:
     assert {"buffering", "idle-cut", "client-watchdog", "websocket-upgrade", "slicer",
     "latency-edge", "latency-upstream", "latency-engine",
     "bandwidth"} <= set(names())
@@ -92,3 +93,38 @@ def test_a_duplicated_token_fails_the_fixed_replica_checks() -> None:
     for name, fixed in (("rolling-deploy", ROLLING_FIXED), ("replica-loss", LOSS_FIXED)):
         twice = {**fixed, "tokens_duplicated": 1}
         assert not all(r.holds for r in judge(get(name).fixed.expect, twice, TIMING))
+
+
+LOG_FIGURES = {"nginx_upstream_timeouts", "gateway_log_errors"}  # counted in log files
+
+
+@pytest.mark.parametrize("name", list(names()))
+def test_a_scenario_declares_what_its_setup_and_checks_use(name: str) -> None:
+    """Needs follow from the data where they can: toxics in a setup need hops to
+    toggle; a check on a figure counted in a log file needs the logs."""
+    scenario = get(name)
+    variants = [scenario.variant(mode) for mode in MODES]
+    if any(v.setup.toxics for v in variants):
+        assert Capability.TOGGLE_HOPS in scenario.needs
+    if any(c.figure in LOG_FIGURES for v in variants for c in v.expect):
+        assert Capability.LOGS in scenario.needs
+
+
+def test_the_catalogue_s_needs() -> None:
+    """Each scenario's declared needs, as the measures use the target: the
+    engine's record (lifecycle, engine faults), hops toggled inside the measure
+    (resume, engine faults, h2), logs (idle-cut). Private-lab scenarios need
+    nothing of the target's: their own lab has the replicas and restarts."""
+    needs = {name: sorted(get(name).needs) for name in names()}
+    toggle, record, logs = Capability.TOGGLE_HOPS, Capability.ENGINE_RECORD, Capability.LOGS
+    assert {n for n, v in needs.items() if v == [logs]} == {"idle-cut"}
+    assert {n for n, v in needs.items() if v == [record]} == {
+        "abandoned-tab", "abandoned-prefill", "slow-reader", "poll-leak", "slow-reader-edge"}
+    assert {n for n, v in needs.items() if v == sorted([record, toggle])} == {
+        "engine-reset", "engine-cut", "engine-down", "engine-blackhole"}
+    assert {n for n, v in needs.items() if v == [toggle]} == {
+        "client-watchdog", "slicer", "latency-edge", "latency-upstream", "latency-engine",
+        "bandwidth", "resume", "resume-upstream", "h2-shared-fate"}
+    assert {n for n, v in needs.items() if not v} == {
+        "buffering", "buffering-header", "gzip", "websocket-upgrade", "seventh-tab",
+        "reconnect-storm", "store-faults", "rolling-deploy", "replica-loss"}

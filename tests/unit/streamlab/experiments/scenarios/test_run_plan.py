@@ -4,6 +4,7 @@ its timelines as artifacts, against FakeLab: no processes."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from streamlab.experiments.scenarios.model import Mode
 from streamlab.experiments.scenarios.runner import Plan
 from streamlab.lab.fake import FakeLab
 from streamlab.lab.local import LabOptions
-from streamlab.lab.target import LabTarget
-from streamlab.lab.toxiproxy import Toxic
+from streamlab.lab.target import Capability, LabTarget, MissingCapability
+from streamlab.lab.toxiproxy import Toxic, ToxiproxyError
+from streamlab.lab.watchdog import Probe, ToxiproxyWatchdog
 
 pytestmark = pytest.mark.anyio
 TIMING = Timing()
@@ -124,7 +126,7 @@ async def test_run_plan_skips_errors_and_judges_in_the_plan_s_order(
                        **_: Any) -> Any:
         if chosen.name == "seventh-tab":
             raise ScenarioUnavailable("no chromium")
-        if (chosen.name, mode) == ("idle-cut", "fixed"):
+        if (chosen.name, mode) == ("buffering", "fixed"):
             raise RuntimeError("the client broke")
         return await run(lab, scenario(ttft), mode, timing)
 
@@ -132,7 +134,7 @@ async def test_run_plan_skips_errors_and_judges_in_the_plan_s_order(
 
     monkeypatch.setattr(runner, "run", fake_run)
     order: tuple[tuple[str, Mode], ...] = (
-        ("seventh-tab", "broken"), ("idle-cut", "broken"), ("idle-cut", "fixed"))
+        ("seventh-tab", "broken"), ("buffering", "broken"), ("buffering", "fixed"))
     seen: list[str] = []
     report = await run_plan(fake_lab(tmp_path), Plan(7, (order,)), TIMING,
                             on_report=lambda repeat, r: seen.append(r.status))
@@ -147,8 +149,107 @@ async def test_run_plan_skips_errors_and_judges_in_the_plan_s_order(
 
 
 async def test_run_plan_stops_when_toxiproxy_does_not_answer(tmp_path: Path) -> None:
-    order: tuple[tuple[str, Mode], ...] = (("idle-cut", "broken"), ("idle-cut", "fixed"))
+    order: tuple[tuple[str, Mode], ...] = (("buffering", "broken"), ("buffering", "fixed"))
     lab = fake_lab(tmp_path)
     lab.fake_toxiproxy.answers = False
     with pytest.raises(TargetUnreachable, match="unreachable"):
         await run_plan(lab, Plan(None, (order,)), TIMING)
+
+
+MEASURED: list[str] = []
+
+
+async def reads_pids(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+    MEASURED.append("measured")
+    return {"ttft_s": 0.7 if setup.toxics else 0.1}
+
+
+def needing_pids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered scenario that declares it reads pids (CPU, RSS)."""
+    from streamlab.experiments.scenarios import registry
+
+    toy = replace(scenario(reads_pids), needs=frozenset({Capability.PIDS}))
+    monkeypatch.setattr(registry, "get", lambda name: toy)
+
+
+async def test_run_plan_skips_a_scenario_whose_needs_the_lab_lacks_before_toxiproxy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needing_pids(monkeypatch)
+    MEASURED.clear()
+    lab = fake_lab(tmp_path)
+    assert Capability.PIDS not in lab.capabilities
+
+    report = await run_plan(lab, Plan(None, ((("toy", "broken"),),)), TIMING)
+
+    [[part]] = [r.parts for r in report.parts]
+    assert part.status == "skipped"
+    assert "scenario toy: needs the lab's pids" in part.reason
+    assert report.figures["skipped"] == 1
+    assert lab.fake_toxiproxy.calls == []  # not even a reset
+    assert MEASURED == []
+
+
+async def test_run_plan_runs_a_scenario_whose_needs_the_lab_has(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needing_pids(monkeypatch)
+    MEASURED.clear()
+    lab = fake_lab(tmp_path)
+    lab.capabilities = lab.capabilities | {Capability.PIDS}
+
+    report = await run_plan(lab, Plan(None, ((("toy", "broken"),),)), TIMING)
+
+    [[part]] = [r.parts for r in report.parts]
+    assert (part.status, part.verdict) == ("ran", "broke as expected")
+    assert MEASURED == ["measured"]
+    assert lab.fake_toxiproxy.ops()[0] == "reset"
+
+
+async def test_every_run_needs_hops_to_reset(tmp_path: Path) -> None:
+    """The runner resets Toxiproxy around each run: a lab without hops to toggle
+    cannot run even a scenario that declares nothing."""
+    lab = FakeLab(LabOptions(run_dir=tmp_path), capabilities=())
+    with pytest.raises(MissingCapability, match="toggle_hops"):
+        await run(lab, scenario(ttft), "fixed", TIMING)
+    assert lab.fake_toxiproxy.calls == []
+
+
+async def test_a_toxiproxy_that_wedges_mid_plan_is_restarted_and_the_plan_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run's Toxiproxy stops answering (as the upstream wedge does); the
+    watchdog finds it wedged, restarts it, that run is an error naming the
+    restart, and the second run still runs and is judged."""
+    from streamlab.experiments.scenarios import registry
+
+    health = {"now": "ok"}
+
+    def probe_api(url: str, timeout_s: float) -> Probe:
+        return Probe("wedged" if health["now"] == "wedged" else "ok")
+
+    async def wedges_then_measures(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+        if not MEASURED:
+            MEASURED.append("wedged")
+            health["now"] = "wedged"
+            raise ToxiproxyError(0, "ReadTimeout('timed out')")
+        MEASURED.append("measured")
+        return {"ttft_s": 0.7 if setup.toxics else 0.1}
+
+    toy = scenario(wedges_then_measures)
+    monkeypatch.setattr(registry, "get", lambda name: toy)
+    MEASURED.clear()
+    lab = fake_lab(tmp_path)
+    watchdog = ToxiproxyWatchdog(lab, probe_api=probe_api)
+
+    def start_service(name: str) -> None:
+        lab.service_calls.append(("start", name))
+        health["now"] = "ok"  # the process the watchdog started answers
+
+    monkeypatch.setattr(lab, "start_service", start_service)
+    report = await run_plan(lab, Plan(None, ((("toy", "broken"), ("toy", "broken")),)),
+                            TIMING, watchdog=watchdog)
+
+    [[first, second]] = [r.parts for r in report.parts]
+    assert first.status == "error"
+    assert "was wedged: restarted" in first.reason
+    assert (second.status, second.as_expected) == ("ran", True)
+    assert report.figures["toxiproxy_restarts"] == 1
+    assert ("kill", "toxiproxy") in lab.service_calls

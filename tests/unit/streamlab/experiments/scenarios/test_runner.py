@@ -16,7 +16,7 @@ from streamlab.experiments.scenarios import registry
 from streamlab.experiments.scenarios.model import Measure, Mode, Scenario, Setup, Variant
 from streamlab.experiments.scenarios.runner import run, timing_for
 from streamlab.experiments.timing import Timing
-from streamlab.lab.fake import FakeLab
+from streamlab.lab.fake import DEFAULT_CAPABILITIES, FakeLab
 from streamlab.lab.local import LabOptions
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.target import LabTarget
@@ -213,8 +213,10 @@ async def test_a_catalogue_scenarios_checks_tell_its_modes_apart(name: str, mode
     scenario = registry.get(name)
     own, others = REAL_RUNS[name][mode], REAL_RUNS[name][other(mode)]
 
-    on_own = await run(FakeLab(), replace(scenario, measure=scripted(own)), mode, TIMING)
-    on_others = await run(FakeLab(), replace(scenario, measure=scripted(others)), mode, TIMING)
+    # A fake lab with what the scenario declares it needs (idle-cut reads logs).
+    lab = FakeLab(capabilities=DEFAULT_CAPABILITIES | scenario.needs)
+    on_own = await run(lab, replace(scenario, measure=scripted(own)), mode, TIMING)
+    on_others = await run(lab, replace(scenario, measure=scripted(others)), mode, TIMING)
 
     assert on_own.as_expected, [c.description for c in on_own.checks if not c.holds]
     assert on_own.discriminates
