@@ -115,3 +115,15 @@ fi
 # Built from the pinned module's source with the lab's patch (a control API that
 # cannot wedge on a blocked reader): scripts/build_toxiproxy.sh says why.
 TOXIPROXY_VERSION="$TOXIPROXY_VERSION" bash scripts/build_toxiproxy.sh
+
+# --- other edge proxies (docs/proxies.md) --------------------------------------
+# HAProxy, Caddy and Traefik, only when asked: STREAMLAB_PROXIES=all (CI), or a
+# space-separated list. `streamlab up --proxy X` installs X on first use.
+if [ -n "${STREAMLAB_PROXIES:-}" ]; then
+  if [ "$STREAMLAB_PROXIES" = "all" ]; then
+    bash scripts/install_proxies.sh
+  else
+    # shellcheck disable=SC2086  # a list of names, split on purpose
+    bash scripts/install_proxies.sh $STREAMLAB_PROXIES
+  fi
+fi

@@ -4,6 +4,10 @@
       ├── bringing a lab up and reaching it (streamlab/lab/)
       │   ├── StartError            a lab process did not start or get ready
       │   │                         (also a RuntimeError; processes.py)
+      │   │   ├── ProxyConfigError  the edge proxy refused its config, quoted
+      │   │   │                     (proxies/base.py)
+      │   │   └── ProxyNotInstalled the chosen edge proxy is missing (also a
+      │   │                         FileNotFoundError; proxies/base.py)
       │   ├── ComposeError          `docker compose` failed (also a RuntimeError;
       │   │                         compose.py)
       │   ├── ConfigDrift           a committed compose file differs from what

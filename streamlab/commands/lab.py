@@ -19,6 +19,7 @@ from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.processes import StartError
+from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import REPO_ROOT, Ports, console_url
 
@@ -83,6 +84,13 @@ def up(
     store: Annotated[str | None, typer.Option(
         help="The gateways' resume store: memory or redis (Redis behind the `store` "
              "hop). Default: redis with more than one gateway, else memory.")] = None,
+    proxy: Annotated[str, typer.Option(
+        help=f"The proxy where nginx stands: {', '.join(PROXY_NAMES)} (installed on "
+             "first use; docs/proxies.md).")] = "nginx",
+    proxy_config: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, metavar="FILE",
+        help="Your own config for --proxy, with the lab's addresses as placeholders "
+             "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Start the lab (detached) and print its services and URLs.
@@ -103,14 +111,22 @@ def up(
             raise typer.Exit(1)
     if store not in (None, "memory", "redis"):
         raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
+    if proxy not in PROXY_NAMES:
+        raise typer.BadParameter(f"--proxy {proxy!r}: one of {', '.join(PROXY_NAMES)}")
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
                          gateway_env=choice.gateway_env, console=with_console,
-                         gateways=gateways, engines=engines, store=store)
+                         gateways=gateways, engines=engines, store=store,
+                         proxy=proxy, proxy_config=proxy_config.resolve() if proxy_config else None)
     if nginx_send_timeout_s is not None:
         options.nginx = NginxOptions(send_timeout_s=nginx_send_timeout_s)
     if choice.engine_ready_timeout_s is not None:
         options.engine_ready_timeout_s = choice.engine_ready_timeout_s
-    lab = Lab(Ports.load(), options)
+    try:
+        lab = Lab(Ports.load(), options)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _install_proxy(lab)
+    _warn_idle_cuts(lab)
     try:
         with (err if as_json else console).status(f"starting the lab ({backend} model)…"):
             lab.up()
@@ -124,12 +140,44 @@ def up(
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
                   "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
-    console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} {lab.edge_h2_url}/nginx-health"
-                  "   (the lab's CA; docs/http2.md says how a browser trusts it)")
+    if lab.edge_proxy == "nginx":  # the HTTP/2 edge is nginx's TLS listener
+        console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} "
+                      f"{lab.edge_h2_url}/nginx-health"
+                      "   (the lab's CA; docs/http2.md says how a browser trusts it)")
     if with_console:
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")
     console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
+
+
+def _install_proxy(lab: Lab) -> None:
+    """The first `--proxy X` installs X with the project's script."""
+    from streamlab.lab.proxies import ProxyNotInstalled, install
+
+    try:
+        lab.proxy.find()
+    except ProxyNotInstalled:
+        # stderr: progress, never part of `up --json`'s document.
+        err.print(f"{lab.edge_proxy} is not installed: installing it "
+                  "(scripts/install_proxies.sh)")
+        install(lab.edge_proxy)
+
+
+def _warn_idle_cuts(lab: Lab) -> None:
+    """A user's config whose idle timeout is no longer than the gateway's
+    heartbeat interval cuts streams even with heartbeats: say which directive."""
+    from streamlab.lab.proxies.idle import fill, idle_timeouts
+
+    config = lab.options.proxy_config
+    heartbeat_s = lab.options.gateway_settings().heartbeat_s
+    if config is None or heartbeat_s <= 0:
+        return
+    text = fill(config.read_text(), lab.proxy.environment(lab.proxy_setup))
+    for timeout in idle_timeouts(lab.edge_proxy, text):
+        if timeout.seconds > heartbeat_s:
+            continue
+        err.print(f"[yellow]{config}: {timeout.describe()} is not longer than the gateway's "
+                  f"{heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
 
 
 def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
@@ -137,7 +185,8 @@ def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
     urls = {"edge": lab.edge_url, "edge_h2": lab.edge_h2_url, "gateway": lab.gateway_url,
             "toxiproxy": lab.toxiproxy_url,
             "console": f"{console_url(lab.ports)}/" if with_console else None}
-    return {"services": lab.status(), "urls": urls, "ca_cert": str(lab.tls.ca_cert),
+    return {"services": lab.status(), "edge_proxy": lab.edge_proxy, "urls": urls,
+            "ca_cert": str(lab.tls.ca_cert),
             "logs": str(run_dir / "logs")}
 
 
@@ -171,8 +220,10 @@ def _print_status(lab: LabTarget) -> None:
     table = Table("service", "address", "pid", "health")
     for name, entry in lab.status().items():
         health = "[green]healthy[/]" if entry["healthy"] else "[red]down[/]"
-        table.add_row(name, entry["url"], str(entry["pid"] or "-"), health)
+        # The edge proxy's row: the proxy that stands in nginx's slot.
+        table.add_row(entry.get("proxy", name), entry["url"], str(entry["pid"] or "-"), health)
     console.print(table)
+    console.print(f"edge proxy: {lab.edge_proxy}")
     _print_engine_load(lab)
     ports = lab.ports
     console.print(f"metrics: {lab.gateway_url}/metrics · engine "

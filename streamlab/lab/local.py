@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import httpx
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
 from streamlab.console.settings import ConsoleSettings
-from streamlab.lab import nginx, processes, tls
+from streamlab.lab import nginx, processes, proxies, tls
 from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
 from streamlab.lab.processes import Running, ServiceSpec, StartError
 from streamlab.lab.target import Capability
@@ -73,6 +73,10 @@ class LabOptions:
     # The gateways' resume store: "memory" (each gateway its own) or "redis"
     # (shared, through the `store` hop). None: redis with several gateways.
     store: str | None = None
+    # The proxy where nginx stands (`streamlab up --proxy`, docs/proxies.md),
+    # and the user's own config for it (`--proxy-config`); None: the lab's.
+    proxy: str = "nginx"
+    proxy_config: Path | None = None
 
     def gateway_settings(self) -> GatewaySettings:
         """The gateways' settings as this lab gives them: its own overrides on top
@@ -133,6 +137,9 @@ class Lab(ServedLab):
         self.options = options
         self.run_dir = self.options.run_dir
         self.running: dict[str, Running] = {}
+        self.edge_proxy = options.proxy
+        self.proxy = proxies.edge_proxy(options.proxy, options.nginx, self.tls_dir,
+                                        options.replicas.gateways)
 
     @property
     def pids(self) -> Mapping[str, int]:
@@ -142,15 +149,36 @@ class Lab(ServedLab):
     @property
     def logs(self) -> Mapping[str, Path]:
         logs = {name: running.log for name, running in self.running.items()}
-        # nginx's own error log (its stdout log holds nothing).
-        logs["nginx"] = self.run_dir / "nginx" / "error.log"
+        # nginx's own error log (its stdout log holds nothing); the other
+        # proxies log to their stdout.
+        if self.edge_proxy == "nginx":
+            logs["nginx"] = self.run_dir / "nginx" / "error.log"
         return logs
+
+    # ---- the edge proxy (nginx's slot: the service keeps the name "nginx") ------
+    @property
+    def proxy_setup(self) -> proxies.ProxySetup:
+        return proxies.ProxySetup(
+            self.ports, self.run_dir / self.edge_proxy,
+            read_timeout_s=self.options.nginx.read_timeout_s,
+            short_read_timeout_s=self.options.nginx.short_read_timeout_s,
+            user_config=self.options.proxy_config)
+
+    @property
+    def proxy_config_path(self) -> Path:
+        return self.proxy_setup.run_dir / self.proxy.config_name
+
+    def probes(self) -> dict[str, Callable[[], bool]]:
+        probes = super().probes()
+        path = self.proxy.health_path(self.proxy_setup)
+        probes["nginx"] = lambda: http_ok(f"{self.nginx_url}{path}")
+        return probes
 
     # ---- services ------------------------------------------------------------
     def specs(self) -> dict[str, ServiceSpec]:
         p, host = self.ports, self.ports.host
         probes = self.probes()
-        nginx_dir = self.run_dir / "nginx"
+        setup = self.proxy_setup
         specs: dict[str, ServiceSpec] = {}
         for name in self.engine_names:
             _, k = split_replica(name)
@@ -198,10 +226,8 @@ class Lab(ServedLab):
                 ready=probes[name], cwd=REPO_ROOT,
             ) for name in self.gateway_names},
             "nginx": ServiceSpec(
-                "nginx",
-                [nginx.find_nginx(), "-p", str(nginx_dir), "-e", str(nginx_dir / "error.log"),
-                 "-c", str(nginx_dir / "nginx.conf")],
-                ready=probes["nginx"],
+                "nginx", self.proxy.command(self.proxy.find(), self.proxy_config_path, setup),
+                env=self.proxy.environment(setup), ready=probes["nginx"], cwd=setup.run_dir,
             ),
             CONSOLE: ServiceSpec(
                 CONSOLE, [self.options.python, "-m", "streamlab", "console"],
@@ -225,8 +251,10 @@ class Lab(ServedLab):
         names = tuple(dict.fromkeys((*tls.LOCAL_NAMES, self.ports.host)))
         tls.write_nginx_snippet(tls.ensure(self.tls_dir, names),
                                 f"{self.ports.host}:{self.ports.nginx_h2_port}")
-        nginx.write_config(self.ports, self.run_dir / "nginx", self.options.nginx, self.tls_dir,
-                           gateways=self.replicas.gateways)
+        # The edge proxy's config; a config it refuses fails here, quoting it.
+        setup = self.proxy_setup
+        config = self.proxy.write_config(setup)
+        self.proxy.check(self.proxy.find(), config, setup)
 
     # ---- lifecycle -----------------------------------------------------------
     def up(self) -> None:
@@ -246,9 +274,32 @@ class Lab(ServedLab):
         self.save_state()
 
     def _start(self, spec: ServiceSpec) -> None:
+        log = self.run_dir / "logs" / f"{spec.name}.log"
+        logged_before = log.stat().st_size if log.exists() else 0
         running = processes.start(spec, self.run_dir / "logs")
         self.running[spec.name] = running
-        processes.wait_ready(running)
+        if spec.name != "nginx":
+            processes.wait_ready(running)
+            return
+
+        # A proxy that keeps running on a config it could not use (Traefik)
+        # says so only in its log: its errors end the wait, quoted.
+        def refused() -> str | None:
+            if not processes.alive(running):
+                return (f"{self.edge_proxy} exited during start-up; last lines of "
+                        f"{running.log}:\n{processes.tail(running.log)}")
+            with running.log.open("rb") as out:
+                out.seek(logged_before)
+                errors = self.proxy.startup_errors(out.read().decode(errors="replace"))
+            if errors:
+                config = self.options.proxy_config or self.proxy_config_path
+                return (f"{self.edge_proxy} did not take its config {config}:\n"
+                        + "\n".join(errors[-5:]))
+            return None
+
+        processes.wait_until(spec.ready, spec.ready_timeout_s, self.edge_proxy, died=refused,
+                             log_hint=lambda: f"last lines of {running.log}:\n"
+                                              f"{processes.tail(running.log)}")
 
     def start_service(self, name: str) -> None:
         """(Re)start one service (or replica: `gateway-2`) and wait until the
@@ -260,6 +311,12 @@ class Lab(ServedLab):
             raise KeyError(f"no service {name!r} in this lab; one of: {', '.join(specs)}")
         self._start(specs[name])
         self.save_state()
+        self._wait_for_chain()
+
+    def reload_proxy(self) -> None:
+        """The edge proxy takes its config again (its source as it is now: the
+        user's edited file), in place, and the chain serves through it."""
+        self.proxy.reload(self.proxy_setup, self.pids["nginx"])
         self._wait_for_chain()
 
     def _wait_for_chain(self) -> None:
@@ -326,6 +383,8 @@ class Lab(ServedLab):
             # Scenarios attached from another process read the idle timeouts and
             # the services' settings (keepalives, ...) here.
             "nginx": asdict(self.options.nginx),
+            "proxy": self.edge_proxy,
+            "proxy_config": str(self.options.proxy_config) if self.options.proxy_config else None,
             "gateway_env": service_env("STREAMLAB_GATEWAY_", self.options.gateway_env),
             "engine_env": service_env("STREAMLAB_ENGINE_", self.options.engine_env),
         }
@@ -367,7 +426,9 @@ class Lab(ServedLab):
             run_dir=run_dir, nginx=nginx_options, gateway_env=state.get("gateway_env", {}),
             engine_env=state.get("engine_env", {}), gateways=replicas.get("gateways", 1),
             engines=replicas.get("engines", 1),
-            store="redis" if replicas.get("redis") else "memory"))
+            store="redis" if replicas.get("redis") else "memory",
+            proxy=state.get("proxy", "nginx"),
+            proxy_config=Path(state["proxy_config"]) if state.get("proxy_config") else None))
         for name, entry in state["services"].items():
             lab.running[name] = Running(ServiceSpec(name, []), int(entry["pid"]),
                                         Path(entry["log"]))
@@ -377,6 +438,8 @@ class Lab(ServedLab):
         """The services, and the console's row when this lab started one."""
         self._follow_saved_pids()
         result = super().status()
+        # The edge proxy's row keeps nginx's slot name; which proxy stands there:
+        result["nginx"]["proxy"] = self.edge_proxy
         console = self.running.get(CONSOLE)
         if console is not None:
             url = console_url(self.ports)

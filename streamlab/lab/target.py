@@ -25,7 +25,8 @@ that reason (`missing`, `require`) instead of guessing from the class:
 
 A member a capability guards raises MissingCapability (or, for `pids` and
 `logs`, is None) on a target without it. Which proxy sits at the edge is a
-fact, not a capability: `target.edge_proxy` ("nginx" for every lab today).
+fact, not a capability: `target.edge_proxy` ("nginx", or the proxy a local lab
+was started with: `streamlab up --proxy haproxy`, docs/proxies.md).
 
 Lifecycle is not part of it: the local lab is brought up and down by this tool
 (`Lab.up`/`Lab.down`), the compose lab by compose, the fake lab by the test.
@@ -82,7 +83,8 @@ class LabTarget(Protocol):
 
     @property
     def edge_proxy(self) -> str:
-        """The proxy at the edge, between the edge hop and the gateways ("nginx")."""
+        """The proxy at the edge, between the edge hop and the gateways: "nginx",
+        "haproxy", "caddy" or "traefik" (streamlab/lab/proxies)."""
         ...
 
     @property

@@ -1,0 +1,176 @@
+"""The one small interface every edge proxy of the lab satisfies.
+
+The proxy stands where nginx stands (docs/topology.md): it listens on the
+lab's `nginx_port`, behind the edge hop, and sends requests to the `upstream`
+hop in front of the gateway. Each proxy renders its config, says its command
+line, how to check a config before starting it, and how to reload it.
+
+A config, the lab's own or the user's (`--proxy-config`), reaches the lab's
+addresses through placeholders in the proxy's own templating (docs/proxies.md):
+the lab sets these environment variables for the check and the process.
+
+    STREAMLAB_LISTEN               host:port the proxy listens on
+    STREAMLAB_UPSTREAM             host:port of the upstream hop (the gateway)
+    STREAMLAB_READ_TIMEOUT         the streaming-ready location's idle timeout ("60000ms")
+    STREAMLAB_SHORT_READ_TIMEOUT   /short-timeout/'s idle timeout ("2000ms")
+    STREAMLAB_RUN_DIR              the proxy's own directory (pid file, sockets, logs)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamlab.lab.processes import StartError
+from streamlab.lab.topology import REPO_ROOT, Ports
+
+# The proxies a lab can run at the edge, nginx (the default) first.
+PROXY_NAMES = ("nginx", "haproxy", "caddy", "traefik")
+CHECK_TIMEOUT_S = 20.0
+
+
+class ProxyConfigError(StartError):
+    """The proxy refused its config; the message quotes the proxy's own words."""
+
+
+class ProxyNotInstalled(StartError, FileNotFoundError):
+    """The proxy's binary is not on this machine (scripts/install_proxies.sh)."""
+
+
+@dataclass(frozen=True)
+class ProxySetup:
+    """What a proxy needs to know of the lab to stand at its edge."""
+
+    ports: Ports
+    run_dir: Path  # the proxy's own directory under the lab's run dir
+    read_timeout_s: float = 60.0
+    short_read_timeout_s: float = 2.0
+    # The user's own config (`--proxy-config`); None: the lab's template.
+    user_config: Path | None = None
+
+    @property
+    def listen(self) -> str:
+        return f"{self.ports.host}:{self.ports.nginx_port}"
+
+    @property
+    def upstream(self) -> str:
+        return f"{self.ports.host}:{self.ports.upstream_port}"
+
+    def environment(self) -> dict[str, str]:
+        """The placeholders' values (module docstring). Milliseconds: the one
+        unit HAProxy, Caddy and Traefik all read as a duration."""
+        return {
+            "STREAMLAB_LISTEN": self.listen,
+            "STREAMLAB_UPSTREAM": self.upstream,
+            "STREAMLAB_READ_TIMEOUT": f"{round(self.read_timeout_s * 1000)}ms",
+            "STREAMLAB_SHORT_READ_TIMEOUT": f"{round(self.short_read_timeout_s * 1000)}ms",
+            "STREAMLAB_RUN_DIR": str(self.run_dir),
+        }
+
+
+class EdgeProxy(ABC):
+    """One proxy at the lab's edge (module docstring)."""
+
+    name: str
+    # Its config file's name in the run dir.
+    config_name: str
+
+    @abstractmethod
+    def find(self) -> str:
+        """The proxy's binary, or ProxyNotInstalled saying how to install it."""
+
+    def template(self) -> Path:
+        return REPO_ROOT / "proxies" / self.name / f"{self.config_name}.template"
+
+    def write_config(self, setup: ProxySetup) -> Path:
+        """The config in the run dir: the user's file, or the lab's template, as
+        they are: the proxy itself fills in the placeholders from the environment."""
+        setup.run_dir.mkdir(parents=True, exist_ok=True)
+        source = setup.user_config or self.template()
+        path = setup.run_dir / self.config_name
+        path.write_text(source.read_text())
+        return path
+
+    @abstractmethod
+    def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
+        """The command line that runs the proxy in the foreground."""
+
+    def check_command(self, binary: str, config: Path, setup: ProxySetup) -> list[str] | None:
+        """The proxy's own config check (exits non-zero on a bad config), if it has one."""
+        return None
+
+    @abstractmethod
+    def reload_command(self, binary: str, config: Path, setup: ProxySetup,
+                       pid: int) -> list[str]:
+        """What makes the running proxy (pid) take a changed config."""
+
+    def environment(self, setup: ProxySetup) -> dict[str, str]:
+        return setup.environment()
+
+    def health_path(self, setup: ProxySetup) -> str:
+        """Where readiness is probed: through the proxy to the gateway's
+        /readyz (the proxy starts last), so a user's config needs no health
+        endpoint of its own."""
+        return "/readyz"
+
+    def startup_errors(self, log: str) -> list[str]:
+        """Errors in the proxy's log that mean its config did not take, for a
+        proxy that keeps running with a config it could not use."""
+        return []
+
+    def reload(self, setup: ProxySetup, pid: int) -> None:
+        """Make the running proxy (pid) take its config again, from its source
+        (the user's file or the template) as it is now: rewritten, checked,
+        then the reload command, run with the placeholders' environment (Caddy's
+        `caddy reload` reads the Caddyfile itself)."""
+        binary = self.find()
+        config = self.write_config(setup)
+        self.check(binary, config, setup)
+        command = self.reload_command(binary, config, setup, pid)
+        done = subprocess.run(command, env={**os.environ, **self.environment(setup)},
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                              check=False, cwd=setup.run_dir)
+        if done.returncode != 0:
+            raise ProxyConfigError(f"{self.name} did not reload ({' '.join(command)}, exit "
+                                   f"{done.returncode}):\n{(done.stderr + done.stdout).strip()}")
+
+    def check(self, binary: str, config: Path, setup: ProxySetup) -> None:
+        """Run the proxy's config check; ProxyConfigError quoting it on failure.
+        Before the start: a config that cannot start fails here, at once,
+        instead of as a readiness timeout."""
+        command = self.check_command(binary, config, setup)
+        if command is None:
+            return
+        try:
+            done = subprocess.run(command, env={**os.environ, **self.environment(setup)},
+                                  capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                                  check=False, cwd=setup.run_dir)
+        except subprocess.TimeoutExpired as exc:
+            raise ProxyConfigError(f"{self.name}'s config check ({' '.join(command)}) did not "
+                                   f"finish within {CHECK_TIMEOUT_S:g} s") from exc
+        if done.returncode != 0:
+            said = (done.stderr + done.stdout).strip()
+            raise ProxyConfigError(
+                f"{self.name} refused the config {setup.user_config or config} (run as: "
+                f"{' '.join(command)}; exit {done.returncode}):\n{said}")
+
+
+def which(binary: str, *extra: Path) -> str | None:
+    """A binary on PATH, in /usr/sbin (not on a user's PATH), or at one of `extra`."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    for candidate in (Path("/usr/sbin") / binary, *extra):
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def not_installed(name: str) -> ProxyNotInstalled:
+    return ProxyNotInstalled(
+        f"{name} is not installed. Run: bash scripts/install_proxies.sh {name} "
+        f"(or STREAMLAB_PROXIES=all bash scripts/install.sh)")

