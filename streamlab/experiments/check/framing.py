@@ -13,22 +13,21 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx
 
 from streamlab.experiments.check.stream import stream_chat
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import judged
-from streamlab.experiments.report import Check, Report
+from streamlab.experiments.report import JSON, Check, Report
 
 
 def malformed(model: str) -> dict[str, bytes]:
     """Malformed requests, a few of the lab's own catalogue of bad input
     (tests/integration/bad_input_cases.py): what is wrong with each → its raw
     body. Every one must get a 4xx, never a 5xx."""
-    ok_messages = [{"role": "user", "content": "hi"}]
-    cases: dict[str, Any] = {
+    ok_messages: list[JSON] = [{"role": "user", "content": "hi"}]
+    cases: dict[str, JSON] = {
         "messages is not a list": {"model": model, "messages": "hi", "stream": True},
         "no messages": {"model": model, "stream": True},
         "max_tokens is a string": {"model": model, "messages": ok_messages,
