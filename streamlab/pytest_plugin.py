@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,22 +60,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # ---- the lab ---------------------------------------------------------------------
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @pytest.fixture(scope="session")
 def streamlab_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[LabTarget]:
     """The lab from its run dir if one runs there, else one of the session's own."""
     from streamlab.lab.local import Lab, LabOptions
+    from streamlab.lab.processes import free_ports
     from streamlab.lab.topology import Ports
 
     given = request.config.getoption("--streamlab-run-dir")
@@ -86,7 +75,7 @@ def streamlab_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         return
     names = [name for name in Ports.model_fields if name.endswith("_port")]
     ports = Ports.model_validate(
-        {"host": "127.0.0.1", **dict(zip(names, _free_ports(len(names)), strict=True))})
+        {"host": "127.0.0.1", **dict(zip(names, free_ports(len(names)), strict=True))})
     lab = Lab(ports, LabOptions(run_dir=tmp_path_factory.mktemp("streamlab-lab")))
     lab.up()  # stops what it started if it fails
     try:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -187,3 +188,16 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports on 127.0.0.1 that nothing listened on a moment ago
+    (all bound at once, so none repeats; then closed for the caller to bind)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()

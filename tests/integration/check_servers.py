@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.integration.conftest import free_ports
+from streamlab.lab.processes import free_ports
 
 Mode = Literal["buffer", "silent", "leak"]
 MODEL = "test-model"

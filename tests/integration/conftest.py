@@ -9,7 +9,6 @@ test's fault never leaks into the next.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from streamlab.lab import processes
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
-from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.processes import ServiceSpec, free_ports
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import REPO_ROOT, Ports
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
@@ -65,17 +64,6 @@ TEST_GATEWAY_ENV: dict[str, str] = {
     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS),
 }
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def free_lab_ports() -> Ports:

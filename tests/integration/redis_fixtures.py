@@ -21,12 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamlab.lab import processes
 from streamlab.lab.endpoints import engine_stats
-from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.own_toxiproxy import own_toxiproxy
+from streamlab.lab.processes import ServiceSpec, free_ports
 from streamlab.lab.topology import REPO_ROOT
 from streamlab.lab.toxiproxy import Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, free_ports
-from tests.integration.toxiproxy_process import own_toxiproxy
+from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV
 
 REDIS_SERVER = Path("/usr/bin/redis-server")
 
@@ -93,7 +93,8 @@ class StoreHop:
 
 @pytest.fixture
 def store_hop(redis_server: RedisServer, tmp_path: Path) -> Iterator[StoreHop]:
-    with own_toxiproxy({"store": redis_server.port}, tmp_path / "store-hop") as hop, \
+    with own_toxiproxy({"store": f"127.0.0.1:{redis_server.port}"},
+                       tmp_path / "store-hop") as hop, \
             Toxiproxy(hop.api) as toxiproxy:
         yield StoreHop(f"redis://127.0.0.1:{hop.listen['store']}/0", toxiproxy)
 

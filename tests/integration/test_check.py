@@ -15,9 +15,9 @@ from streamlab.experiments.check.runner import check_url
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import line, verdict
 from streamlab.experiments.report import Report
+from streamlab.lab.processes import free_ports
 from streamlab.lab.target import LabTarget
 from tests.integration.check_servers import MODEL, MisbehavingServer, serve
-from tests.integration.conftest import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -14,6 +14,7 @@ import pytest
 
 from services.client.openai_stream import chat_body
 from streamlab.lab.local import Lab
+from streamlab.lab.processes import free_ports
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.integration.conftest import (
@@ -21,7 +22,6 @@ from tests.integration.conftest import (
     TEST_ENGINE_RUNNING,
     TEST_PER_CLIENT_STREAMS,
     ExtraGateway,
-    free_ports,
 )
 from tests.wait import wait_until_async
 

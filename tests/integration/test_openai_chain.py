@@ -13,8 +13,8 @@ from services.client.openai_stream import chat_body, stream_chat
 from services.engine.backends.fake import token_text
 from services.engine.settings import EngineSettings, OpenAIUpstreamSettings
 from streamlab.lab.local import Lab
+from streamlab.lab.processes import free_ports
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from tests.integration.conftest import free_ports
 from tests.integration.engine_inproc import running_engine
 from tests.integration.engine_probe import ended, wait_for_generation_end
 from tests.integration.upstream_fixtures import UPSTREAM_MAX_TOKENS, UpstreamPair

@@ -30,11 +30,10 @@ from services.gateway.engine_client import EngineClient
 from services.gateway.errors import EngineError
 from services.gateway.settings import GatewaySettings
 from streamlab.lab import processes
-from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.processes import ServiceSpec, free_ports
 from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
-from tests.integration.conftest import free_ports
 from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from streamlab.lab.own_toxiproxy import own_toxiproxy
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
-from tests.integration.toxiproxy_process import own_toxiproxy
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,8 @@ def pattern_server() -> Iterator[PatternServer]:
 @pytest.fixture
 def stalled_hop(pattern_server: PatternServer, tmp_path: Path) -> Iterator[tuple[str, int]]:
     """The lab's Toxiproxy binary with one proxy `stalled` in front of the pattern server."""
-    with own_toxiproxy({"stalled": pattern_server.port}, tmp_path / "toxiproxy") as hop:
+    with own_toxiproxy({"stalled": f"127.0.0.1:{pattern_server.port}"},
+                       tmp_path / "toxiproxy") as hop:
         yield hop.api, hop.listen["stalled"]
 
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from streamlab.lab.local import Lab
+from streamlab.lab.processes import free_ports
 from streamlab.lab.toxiproxy import Toxic
 from streamlab.lab.watchdog import ToxiproxyWatchdog, probe
-from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.integration
 

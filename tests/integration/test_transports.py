@@ -108,9 +108,14 @@ async def test_websocket_ends_with_done_and_a_normal_close(lab: Lab) -> None:
 
 
 def ws_origin_refusals(lab: Lab) -> float:
-    metrics = httpx.get(f"{lab.gateway_url}/metrics", timeout=5).text
-    return next(float(line.split()[1]) for line in metrics.splitlines()
-                if line.startswith("streamlab_gateway_ws_origin_refused_total "))
+    """Summed over every gateway: with replicas, nginx may send the refused
+    handshake to any of them."""
+    total = 0.0
+    for gateway in lab.gateway_names:
+        metrics = httpx.get(f"{lab.url_of(gateway)}/metrics", timeout=5).text
+        total += next(float(line.split()[1]) for line in metrics.splitlines()
+                      if line.startswith("streamlab_gateway_ws_origin_refused_total "))
+    return total
 
 
 @pytest.mark.parametrize("origin", ["https://evil.example", "null"])

@@ -24,10 +24,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from streamlab.lab import processes
 from streamlab.lab.endpoints import engine_stats
 from streamlab.lab.local import Lab, LabOptions
-from streamlab.lab.processes import Running, ServiceSpec
+from streamlab.lab.processes import Running, ServiceSpec, free_ports
 from streamlab.lab.topology import REPO_ROOT
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports, free_ports
+from tests.integration.conftest import TEST_HEARTBEAT_S, free_lab_ports
 
 # The inner engine's limit is below the outer one's: a request between the two
 # passes the outer engine and is refused upstream (an error to map back).

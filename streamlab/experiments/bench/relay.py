@@ -24,7 +24,6 @@ import contextlib
 import math
 import os
 import platform
-import socket
 import sys
 import time
 import uuid
@@ -98,13 +97,6 @@ class RelayRun:
     machine: Figures = field(default_factory=dict)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def reference_servers(engine_hop: str, log_dir: Path) -> Iterator[dict[str, tuple[str, int]]]:
     """Start the floor and naive relays on free ports; always stop them."""
@@ -112,7 +104,7 @@ def reference_servers(engine_hop: str, log_dir: Path) -> Iterator[dict[str, tupl
     urls: dict[str, tuple[str, int]] = {}
     try:
         for name in ("floor", "naive"):
-            port = free_port()
+            [port] = processes.free_ports(1)
             url = f"http://127.0.0.1:{port}"
             spec = ServiceSpec(
                 f"bench-{name}",

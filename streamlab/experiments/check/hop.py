@@ -18,31 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from streamlab.lab import processes
-from streamlab.lab.local import find_toxiproxy
-from streamlab.lab.processes import ServiceSpec
+from streamlab.lab.own_toxiproxy import own_toxiproxy
 
 PROXY = "target"  # the one proxy's name on the check's Toxiproxy
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass(frozen=True)
@@ -54,25 +37,11 @@ class Hop:
 @contextlib.contextmanager
 def toxiproxy_hop(host: str, port: int, run_dir: Path | None = None) -> Iterator[Hop]:
     """A Toxiproxy of the check's own, with one proxy to host:port; stopped on exit."""
-    api_port, listen = free_ports(2)
     with contextlib.ExitStack() as stack:
         if run_dir is None:
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="check-")))
-        config = run_dir / "toxiproxy.json"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps([{"name": PROXY, "listen": f"127.0.0.1:{listen}",
-                                       "upstream": f"{host}:{port}", "enabled": True}]))
-        api = f"http://127.0.0.1:{api_port}"
-        spec = ServiceSpec(f"toxiproxy-check-{listen}",
-                           [find_toxiproxy(), "-host", "127.0.0.1", "-port", str(api_port),
-                            "-config", str(config)],
-                           ready=lambda: httpx.get(f"{api}/version", timeout=1.0).is_success)
-        running = processes.start(spec, run_dir)
-        try:
-            processes.wait_ready(running)
-            yield Hop(api, listen)
-        finally:
-            processes.stop(running, grace_s=5.0)
+        hop = stack.enter_context(own_toxiproxy({PROXY: f"{host}:{port}"}, run_dir))
+        yield Hop(hop.api, hop.listen[PROXY])
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
