@@ -24,6 +24,11 @@ from streamlab.experiments.report import Check, Figure, Report
 
 STORY = "a client that leaves stops its generation"
 POLL_S = 0.1
+# How long the gauge may take to drain earlier work before this check starts:
+# the checks before it leave streams behind (an idle cut closes the client's
+# side; the server notices at its next write), and a gauge still counting one
+# of them would hide this check's own stream.
+SETTLE_S = 5.0
 
 
 def gauge(text: str, name: str) -> float | None:
@@ -53,6 +58,18 @@ async def _read(client: httpx.AsyncClient, url: str, name: str) -> float | None:
     return gauge(response.text, name) if response.is_success else None
 
 
+async def _settled(client: httpx.AsyncClient, url: str, name: str, first: float) -> float:
+    """The gauge once earlier work has drained: 0 as soon as it reads 0, else the
+    lowest value seen within SETTLE_S (a busy server may never be idle)."""
+    lowest, deadline = first, time.monotonic() + SETTLE_S
+    while lowest > 0 and time.monotonic() < deadline:
+        await anyio.sleep(POLL_S)
+        value = await _read(client, url, name)
+        if value is not None:
+            lowest = min(lowest, value)
+    return lowest
+
+
 async def client_leaves(client: httpx.AsyncClient, target: CheckTarget) -> Report:
     if target.metrics_url is None:
         return not_applicable("cancel", STORY, f"not observable: needs {Needs.METRICS} "
@@ -67,7 +84,7 @@ async def client_leaves(client: httpx.AsyncClient, target: CheckTarget) -> Repor
     if name is None:
         return not_applicable("cancel", STORY, "not observable: the metrics have none of "
                               f"{', '.join(KNOWN_RUNNING_GAUGES)}")
-    before = gauge(text, name) or 0.0
+    before = await _settled(client, target.metrics_url, name, gauge(text, name) or 0.0)
     body = target.body("Count from 1 to 2000, one number per line.", max_tokens=2000,
                        lab={"prefill_ms": 0, "token_gap_ms": 20, "answer_tokens": 2000})
     metrics_url = target.metrics_url
