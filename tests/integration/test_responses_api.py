@@ -68,6 +68,23 @@ def read(events: Any, into: list[ResponseStreamEvent]) -> BaseException | None:
     return None
 
 
+def assert_resumed_whole(client: openai.OpenAI, response_id: str,
+                         first: list[ResponseStreamEvent], expected_text: str
+                         ) -> list[ResponseStreamEvent]:
+    """Resume after the last event `first` saw: every event exactly once, numbered
+    without a gap, the whole text, and the completed event last. Returns them all."""
+    rest: list[ResponseStreamEvent] = []
+    resumed = client.responses.retrieve(response_id, stream=True,
+                                        starting_after=first[-1].sequence_number)
+    assert read(resumed, rest) is None
+    events = first + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
+    assert text == expected_text
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    return events
+
+
 def test_a_stream_is_the_sdk_s_typed_events(sdk: openai.OpenAI, lab: Lab) -> None:
     request_id = f"responses-{uuid.uuid4().hex[:8]}"
     events: list[ResponseStreamEvent] = []
@@ -111,14 +128,7 @@ def test_a_cut_background_stream_resumes_with_every_delta_once(
     assert wait_for_generation_start(lab, response_id.removeprefix("resp_")).state == \
         pb.GENERATION_STATE_RUNNING
 
-    rest: list[ResponseStreamEvent] = []
-    resumed = sdk.responses.retrieve(response_id, stream=True,
-                                     starting_after=first[-1].sequence_number)
-    assert read(resumed, rest) is None
-    events = first + rest
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
-    assert text == uncut.output_text
+    events = assert_resumed_whole(sdk, response_id, first, uncut.output_text)
     assert isinstance(events[-1], ResponseCompletedEvent)
     assert events[-1].response.output_text == EXPECTED
     assert sdk.responses.retrieve(response_id).status == "completed"
@@ -193,15 +203,8 @@ def test_a_background_response_resumes_on_another_replica_after_its_owner_is_kil
     assert isinstance(first[0], ResponseCreatedEvent)
     response_id = first[0].response.id
 
-    rest: list[ResponseStreamEvent] = []
-    resumed = on_b.responses.retrieve(response_id, stream=True,
-                                      starting_after=first[-1].sequence_number)
-    assert read(resumed, rest) is None
-    events = first + rest
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
-    assert text == "".join(token_text(i) for i in range(tokens))
-    assert isinstance(events[-1], ResponseCompletedEvent)
+    assert_resumed_whole(on_b, response_id, first,
+                         "".join(token_text(i) for i in range(tokens)))
     records = list(replicas.stats(response_id.removeprefix("resp_")).generations)
     assert [(r.state, r.tokens_generated) for r in records] == [
         (pb.GENERATION_STATE_COMPLETED, tokens)], "one generation, re-attached, not rerun"
