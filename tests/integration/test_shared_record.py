@@ -126,3 +126,22 @@ def test_a_killed_replicas_readers_leave_the_record_within_the_follower_ttl(
           f"(follower TTL {FOLLOWER_TTL_S} s)")
     assert gone_after <= FOLLOWER_TTL_S + 1.0
     assert [r["replica"] for r in status(http, a, stream_id)["attaches"]] == ["b"]
+
+
+def test_one_gateway_with_the_memory_store_keeps_the_same_record(
+        start_replicas: StartReplicas, http: httpx.Client) -> None:
+    """The single-gateway default answers in the same shape: its readers from
+    its own memory, listed while they read, gone when they leave."""
+    replicas = start_replicas(None)
+    a = replicas.gateways["a"]
+    stream_id = create_stream(http, a, BODY)
+    events = f"{a}/v1/streams/{stream_id}/events"
+    with http.stream("GET", events, headers={"Accept": "text/event-stream"}) as first:
+        seen = token_ids(first.iter_lines(), 2)[-1]
+    with http.stream("GET", events, headers={"Last-Event-ID": seen}) as second:
+        token_ids(second.iter_lines(), 1)
+        answer = status(http, a, stream_id)
+        assert record(answer) == ([("a", None), ("a", seen)], [("a", seen)], 1), answer
+    wait_until(lambda: status(http, a, stream_id)["followers"] == 0, timeout_s=5.0,
+               interval_s=0.02, what="the reader gone once it left")
+    assert status(http, a, stream_id)["readers"] == []
