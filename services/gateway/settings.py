@@ -195,6 +195,12 @@ class GatewaySettings(BaseSettings):
     # a lost owner ends its streams `cancelled` {"reason": "owner_lost"}, and a
     # drain cancels them (`server_draining`).
     reattach: bool = True
+    # With the Redis store: each client identity's cap (max_streams_per_client)
+    # counted across the replicas in Redis, each slot on a lease renewed by its
+    # gateway, so a killed gateway's slots come back within this many seconds
+    # (services/gateway/shared_caps.py). 0: each gateway counts alone (the
+    # broken case: N replicas admit N times the cap).
+    shared_caps_lease_s: float = Field(10.0, ge=0)
 
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and

@@ -188,7 +188,7 @@ class LogMirror:
                 pipe.xadd(keys.events, {"k": entry.kind, "d": entry.data}, id=entry_id(entry.seq),
                           maxlen=meta.max_events, approximate=False)
             pipe.hset(keys.meta, mapping=meta.to_hash())
-            for key in (keys.events, keys.meta, keys.followers, keys.attaches):
+            for key in (keys.events, keys.meta, keys.followers, keys.attaches, keys.readers):
                 pipe.pexpire(key, ttl_ms)
             if meta.ended:
                 # The tombstone names the owner: a 410 is told only to it (others: 404).
