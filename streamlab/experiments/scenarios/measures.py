@@ -75,7 +75,7 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     if result is None:
         figures.update(total_s=elapsed, done=False, tokens=0, error_code="",
                        client_error=f"none: still waiting after {elapsed:.1f} s")
-        return Measured(figures, (from_token_times((), ended="hung", at_s=elapsed),))
+        return Measured(figures, (from_token_times((), [(elapsed, "timeout")]),))
     total = result.total_s or elapsed
     last_token = result.token_times[-1] if result.token_times else None
     last_byte = max([t for t in (last_token, result.first_byte_s) if t is not None]
@@ -106,9 +106,9 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
         gateway_log_errors=gateway_log.count("ERROR", "Traceback") if gateway_log else None,
     )
     # A stream that ended without [DONE] ends on a mark: cut (transport), timeout, ...
-    ended = None if result.done else {"transport": "cut"}.get(str(figures["error_code"]),
-                                                              str(figures["error_code"]) or "cut")
-    return Measured(figures, (from_token_times(result.token_times, ended=ended, at_s=total),))
+    ended = {"transport": "cut"}.get(str(figures["error_code"]), str(figures["error_code"]))
+    events = [] if result.done else [(total, ended or "cut")]
+    return Measured(figures, (from_token_times(result.token_times, events),))
 
 
 async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:

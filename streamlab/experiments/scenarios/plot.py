@@ -1,8 +1,10 @@
 """A scenario's token arrivals, broken above fixed, on one time axis.
 
     ArrivalClock      what a measure holds while it reads: a tick per token and a
-                      mark per fault event (cut, restore, cancel), in seconds
-                      since the request; `.timeline()` hands them to the runner
+                      mark per fault event (cut, restore, the client's leave,
+                      the engine's cancel, an error), in seconds since the
+                      request; `.timeline()` hands them to the runner
+    from_token_times  the same for a client that timed its tokens itself
     Arrivals          the same, read back: tokens and events
     arrivals_of(r)    a scenario run's Arrivals, from its "arrivals" timeline file
     lanes(report)     (mode, Arrivals) of every run of one scenario in a plan's report
@@ -27,8 +29,8 @@ from streamlab.experiments.scenarios.model import Timeline
 
 ARRIVALS = "arrivals"  # the timeline's name: "<scenario>-<mode>-arrivals.json"
 # Event kinds and how they are drawn; an unknown kind draws grey.
-EVENT_COLOURS = {"cut": "#d62728", "restore": "#2ca02c", "cancel": "#ff7f0e",
-                 "error": "#9467bd", "timeout": "#9467bd"}
+EVENT_COLOURS = {"cut": "#d62728", "restore": "#2ca02c", "leave": "#8c564b",
+                 "cancel": "#ff7f0e", "error": "#9467bd", "timeout": "#9467bd"}
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,13 @@ class ArrivalClock:
         return self.arrivals().timeline()
 
 
-def from_token_times(token_times: Iterable[float], *, ended: str | None = None,
-                     at_s: float | None = None) -> Timeline:
+def from_token_times(token_times: Iterable[float],
+                     events: Iterable[tuple[float | None, str]] = ()) -> Timeline:
     """The arrivals timeline of a client that already timed its tokens from the
-    request (services/client/openai_stream.py's token_times); `ended` marks how
-    the stream ended early (cut, timeout) at `at_s`."""
-    events = ((at_s, ended),) if ended and at_s is not None else ()
-    return Arrivals(tuple(token_times), events).timeline()
+    request (services/client/openai_stream.py's token_times), with events (at,
+    kind) on the same clock; one whose time is None did not happen."""
+    marks = tuple(sorted((at, kind) for at, kind in events if at is not None))
+    return Arrivals(tuple(token_times), marks).timeline()
 
 
 def arrivals_of(report: Report) -> Arrivals | None:

@@ -94,12 +94,13 @@ def test_the_clock_times_tokens_and_events_from_the_request() -> None:
     assert clock.arrivals() == Arrivals((2.0,), ((0.0, "cancel"), (1.5, "cut"), (2.0, "restore")))
 
 
-def test_a_stream_that_ends_early_ends_on_a_mark() -> None:
-    cut = Arrivals.from_json(plots.from_token_times([0.1, 0.2], ended="cut", at_s=0.9).data)
-    whole = Arrivals.from_json(plots.from_token_times([0.1, 0.2]).data)
+def test_timed_tokens_keep_the_events_that_happened_in_order() -> None:
+    cut = plots.from_token_times([0.1, 0.2], [(1.2, "cancel"), (None, "error"), (0.9, "leave")])
+    whole = plots.from_token_times([0.1, 0.2])
 
-    assert cut == Arrivals((0.1, 0.2), ((0.9, "cut"),))
-    assert whole == Arrivals((0.1, 0.2), ())
+    assert Arrivals.from_json(cut.data) == Arrivals((0.1, 0.2), ((0.9, "leave"),
+                                                                 (1.2, "cancel")))
+    assert Arrivals.from_json(whole.data) == Arrivals((0.1, 0.2), ())
 
 
 @pytest.mark.parametrize("data", [
