@@ -44,6 +44,11 @@ lock:
 check-lock:
 	$(BIN)/python scripts/lock.py --check
 
+# docs/results/scenario-plots/: a scenario of each family, broken above fixed,
+# on a lab of its own (free ports; `scenario run NAME --plot`).
+scenario-plots: install
+	$(BIN)/python scripts/scenario_plots.py
+
 # ruff, then the import contract ([tool.importlinter] in pyproject.toml: the
 # lab tool above the services above the protocol, the services apart).
 lint:

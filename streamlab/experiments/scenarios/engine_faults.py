@@ -174,7 +174,7 @@ async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Measured
     cut = injected_at - start if injected_at is not None and start is not None else None
     cancelled = figures["engine_cancelled_after_fault_s"]
     return Measured(figures, (from_token_times(result.token_times, [
-        (cut, "cut"), (result.total_s if error else None, "error"),
+        (cut, "cut"), (result.total_s, "done" if result.done else "error"),
         (cut + cancelled if cut is not None and isinstance(cancelled, float) else None,
          "cancel")]),))
 

@@ -107,7 +107,8 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     )
     # A stream that ended without [DONE] ends on a mark: cut (transport), timeout, ...
     ended = {"transport": "cut"}.get(str(figures["error_code"]), str(figures["error_code"]))
-    events = [] if result.done else [(total, ended or "cut")]
+    events: list[tuple[float | None, str]] = [(at, "ping") for at in result.ping_times]
+    events += [] if result.done else [(total, ended or "cut")]
     return Measured(figures, (from_token_times(result.token_times, events),))
 
 

@@ -30,13 +30,18 @@ from streamlab.experiments.scenarios.model import Timeline
 ARRIVALS = "arrivals"  # the timeline's name: "<scenario>-<mode>-arrivals.json"
 # Event kinds and how they are drawn; an unknown kind draws grey.
 EVENT_COLOURS = {"cut": "#d62728", "restore": "#2ca02c", "leave": "#8c564b",
-                 "cancel": "#ff7f0e", "error": "#9467bd", "timeout": "#9467bd"}
+                 "cancel": "#ff7f0e", "error": "#9467bd", "timeout": "#9467bd",
+                 "done": "#333333"}
+PING = "ping"  # a `: ping` heartbeat: drawn as a short tick, not a line
+# Marks that often fall together (a cut and its restore, a leave and its cancel)
+# stay apart by their dashes.
+EVENT_STYLES = {"restore": ":", "cancel": "-.", "done": ":"}
 
 
 @dataclass(frozen=True)
 class Arrivals:
     tokens: tuple[float, ...] = ()  # seconds since the request, one per token received
-    events: tuple[tuple[float, str], ...] = ()  # (seconds, kind): cut, restore, cancel, ...
+    events: tuple[tuple[float, str], ...] = ()  # (seconds, kind): cut, restore, ping, ...
 
     def timeline(self) -> Timeline:
         data: dict[str, JSON] = {
@@ -156,11 +161,18 @@ def draw(scenario: str, rows: Sequence[tuple[str, Arrivals]], path: Path, *,
     for ax, (mode, arrivals) in zip(axes[:, 0], rows, strict=True):
         ax.eventplot([list(arrivals.tokens)], colors="#1f77b4", lineoffsets=0.5,
                      linelengths=0.8, linewidths=1.2)
+        pings = [at for at, kind in arrivals.events if kind == PING]
+        if pings:  # short grey ticks under the tokens: a heartbeat is no fault
+            ax.eventplot([pings], colors="#999999", lineoffsets=0.06, linelengths=0.1,
+                         linewidths=1.0, label="ping")
+            labelled.add(PING)
         for at, kind in arrivals.events:
+            if kind == PING:
+                continue
             label = None if kind in labelled else kind
             labelled.add(kind)
-            ax.axvline(at, color=EVENT_COLOURS.get(kind, "#777777"), linestyle="--",
-                       linewidth=1.6, label=label)
+            ax.axvline(at, color=EVENT_COLOURS.get(kind, "#777777"),
+                       linestyle=EVENT_STYLES.get(kind, "--"), linewidth=1.8, label=label)
         ax.set_ylim(0, 1)
         ax.set_yticks([])
         ax.set_ylabel(f"{mode}\n{len(arrivals.tokens)} tokens", rotation=0, ha="right",
