@@ -15,8 +15,12 @@ run_plan, which holds the run/skip/error policy) and renders its Report.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -137,6 +141,15 @@ def _setup_lines(setup: dict[str, Any]) -> list[str]:
     return [*lines, " ".join(settings)]
 
 
+def _plot_extra(plot: Path | None) -> Path | None:
+    """`--plot` needs matplotlib (the `plot` extra, which `make up` leaves out):
+    say so before the scenario runs, not after."""
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
+                                 ".venv/bin/pip install -e '.[plot]'")
+    return plot
+
+
 @app.command("run", epilog=EXIT_CODES)
 def run_command(
     name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.")],
@@ -166,6 +179,10 @@ def run_command(
         min=1, help="Run everything this many times.")] = 1,
     seed: Annotated[int | None, typer.Option(
         help="Seed of the shuffle (printed on every shuffled run), to replay an order.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the token arrivals, broken above fixed, as a PNG "
+                                   "here (with `all`: a directory, one PNG a scenario).")
     ] = None,
 ) -> None:
     """Run one scenario (or all) and print figures and a verdict per mode.
@@ -210,12 +227,33 @@ def run_command(
     if watchdog is not None and not as_json:
         for restart in watchdog.restarts:
             err.print(f"[yellow]watchdog:[/] {restart.describe()}")
+    if plot is not None:
+        report = write_plots(report, known if name == "all" else (name,), plot)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     elif name == "all" or shuffle or repeat > 1:
         print_summary(report)
     if not report.as_expected:
         raise typer.Exit(EXIT_UNEXPECTED)
+
+
+def write_plots(report: Report, names: Sequence[str], plot: Path) -> Report:
+    """Each scenario's arrivals plot (one scenario: at `plot`; several: `plot`
+    is a directory, NAME.png inside), listed among the plan report's artifacts."""
+    from streamlab.experiments.report import Artifact
+    from streamlab.experiments.scenarios import plot as plots
+
+    drawn = []
+    for scenario in names:
+        rows = plots.lanes(report, scenario)
+        if not rows:  # skipped, errored, or a measure that records no arrivals
+            err.print(f"[yellow]no plot for {scenario}[/]: no run recorded token arrivals")
+            continue
+        path = plot if len(names) == 1 else plot / f"{scenario}.png"
+        plots.draw(scenario, rows, path)
+        err.print(f"plot written to {path}")
+        drawn.append(Artifact("plot", str(path), f"{scenario}: token arrivals"))
+    return replace(report, artifacts=report.artifacts + tuple(drawn))
 
 
 class Progress:

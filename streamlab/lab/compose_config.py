@@ -175,7 +175,7 @@ def replicas_compose(ports: Ports, replicas: Replicas = COMPOSE_REPLICAS) -> str
          for hop in hops(ports, replicas)})}}
     services[STORE_HOP_SERVICE] = {
         "build": {"context": ".", "dockerfile": "proxies/redis/Dockerfile",
-                  "args": {"REDIS_BASE_IMAGE": "${REDIS_BASE_IMAGE:-debian:bookworm-slim}"}},
+                  "args": {"REDIS_BASE_IMAGE": "${REDIS_BASE_IMAGE:-debian:12.12-slim}"}},
         "image": "streamlab-redis:${STREAMLAB_IMAGE_TAG:-latest}",
         "init": True,
         # Straight to Redis (not through the `store` hop), for `streamlab status`.
