@@ -1,8 +1,8 @@
 """`streamlab check URL`: a streaming conformance report for someone else's
-OpenAI-compatible server (docs/check.md).
+OpenAI-compatible server (docs/check.md). Every streamed request is read by
+the project's one measuring client, services/client/openai_stream.py.
 
     target.py       what is checked: the URL, the model, what the target offers
-    stream.py       one streamed request, timed read by read and parsed by the codec
     hop.py          the check's own hops: a Toxiproxy in front of the target, and
                     an idle-cutting relay for the heartbeat's survival check
     framing.py      WHATWG framing, [DONE], usage, the error object, 4xx for bad input

@@ -17,7 +17,7 @@ import time
 import anyio
 import httpx
 
-from streamlab.experiments.check.stream import stream_chat
+from services.client.openai_stream import stream_chat
 from streamlab.experiments.check.target import KNOWN_RUNNING_GAUGES, CheckTarget, Needs
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import Check, Figure, Report
@@ -94,8 +94,8 @@ async def client_leaves(client: httpx.AsyncClient, target: CheckTarget) -> Repor
         nonlocal during
         during = await _read(client, metrics_url, name)
 
-    record = await stream_chat(client, target.chat_url, body, target.headers(),
-                               leave_after_tokens=3, before_leaving=sample)
+    record = await stream_chat(client, target.chat_url, body, headers=target.headers(),
+                               stop_after_tokens=3, before_leaving=sample)
     left_at = time.monotonic()
     after, stopped_s = during, None
     while time.monotonic() - left_at < target.stop_within_s + 1.0:
@@ -107,8 +107,8 @@ async def client_leaves(client: httpx.AsyncClient, target: CheckTarget) -> Repor
     figures: dict[str, Figure] = {
         "gauge": name, "running_before": before, "running_at_leave": during,
         "running_after": after, "stopped_after_s": stopped_s,
-        "stop_within_s": target.stop_within_s, "tokens_read": record.tokens}
-    if not record.left:
+        "stop_within_s": target.stop_within_s, "tokens_read": record.token_chunks}
+    if not record.closed_early:
         return not_applicable("cancel", STORY, f"the stream ended before 3 tokens (status "
                               f"{record.status}): nothing to leave", figures)
     if during is None or during <= before:

@@ -16,7 +16,7 @@ import json
 
 import httpx
 
-from streamlab.experiments.check.stream import stream_chat
+from services.client.openai_stream import stream_chat
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import judged
 from streamlab.experiments.report import JSON, Check, Report
@@ -57,13 +57,13 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
     body = target.body("Say hello in five words.", max_tokens=16,
                        lab={"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": 8},
                        stream_options={"include_usage": True})
-    record = await stream_chat(client, target.chat_url, body, target.headers())
+    record = await stream_chat(client, target.chat_url, body, headers=target.headers())
     usage = (record.last_chunk or {}).get("usage")
     figures = {
-        "status": record.status, "events": record.events, "tokens": record.tokens,
+        "status": record.status, "events": record.events, "tokens": record.token_chunks,
         "not_json": len(record.bad_json), "done_last": record.done and not record.after_done,
         "usage_on_last": isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int),
-        "transport_error": record.error or None,
+        "transport_error": record.error_text or None,
     }
     return judged("framing", "events parse (WHATWG), [DONE] ends the stream, usage on the "
                   "last chunk", figures, (
