@@ -58,7 +58,8 @@ class StreamResult:
     bad_json: list[str] = field(default_factory=list)  # event data that is not a JSON object
     last_chunk: dict[str, Any] | None = None
     body: bytes = b""  # a non-2xx answer's body
-    paused_s: float | None = None  # how long the reader held off (pause_after_tokens)
+    paused_at_s: float | None = None  # request sent → the reader held off (pause_after_tokens)
+    paused_s: float | None = None  # for how long
 
     @property
     def text(self) -> str:
@@ -168,6 +169,7 @@ async def stream_chat(
                     result.token_reads.append(now)
                 if (pause is not None and pause_after_tokens is not None
                         and result.paused_s is None and result.token_chunks >= pause_after_tokens):
+                    result.paused_at_s = now
                     held = time.perf_counter()
                     await pause()
                     result.paused_s = time.perf_counter() - held
