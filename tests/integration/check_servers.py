@@ -90,9 +90,10 @@ def _usage(tokens: int) -> bytes:
 
 
 class MisbehavingServer:
-    def __init__(self, mode: Mode, silence_s: float = 3.0, resume: Resume | None = None
-                 ) -> None:
+    def __init__(self, mode: Mode, silence_s: float = 3.0, resume: Resume | None = None,
+                 max_tokens: int = 20000) -> None:
         self.mode = mode
+        self.max_tokens = max_tokens  # the longest answer it gives
         self.silence_s = silence_s
         self.resume = resume
         self.running = 0  # generations running now (the leak's gauge)
@@ -142,7 +143,7 @@ class MisbehavingServer:
         problem = _invalid(body)
         if problem is not None:
             return _error(problem)
-        count = min(body.get("max_tokens", 16), 20000)
+        count = min(body.get("max_tokens", 16), self.max_tokens)
         long_prompt = sum(len(str(m.get("content", ""))) for m in body["messages"])
         prefill_s = self.silence_s if (self.mode == "silent"
                                        and long_prompt > LONG_PROMPT_CHARS) else 0.0

@@ -77,19 +77,23 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
     ))
 
 
-async def error_framing(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+async def error_framing(shared: httpx.AsyncClient, target: CheckTarget) -> Report:
     headers = {**target.headers(), "Content-Type": "application/json"}
     statuses: dict[str, int] = {}
     shapes: dict[str, bool] = {}
-    for name, raw in malformed(target.model).items():
-        try:
-            response = await client.post(target.chat_url, content=raw, headers=headers)
-        except httpx.HTTPError:
-            statuses[name] = 0  # dropped without an answer
-            shapes[name] = False
-            continue
-        statuses[name] = response.status_code
-        shapes[name] = error_shape(response.content)
+    # Connections of their own: a server may close a kept-alive connection after
+    # a bad request (llm-mock-api does after its 500), and the next check would
+    # meet that close on a reused connection as its own failure.
+    async with httpx.AsyncClient(timeout=shared.timeout) as client:
+        for name, raw in malformed(target.model).items():
+            try:
+                response = await client.post(target.chat_url, content=raw, headers=headers)
+            except httpx.HTTPError:
+                statuses[name] = 0  # dropped without an answer
+                shapes[name] = False
+                continue
+            statuses[name] = response.status_code
+            shapes[name] = error_shape(response.content)
     not_4xx = [f"{name}: {code or 'dropped'}" for name, code in statuses.items()
                if not 400 <= code < 500]
     figures = {
@@ -97,6 +101,7 @@ async def error_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repor
         "answered_5xx": sum(code >= 500 for code in statuses.values()),
         "not_4xx": len(not_4xx),
         "first_not_4xx": not_4xx[0] if not_4xx else None,
+        "every_not_4xx": "; ".join(not_4xx) or None,
         "error_object": all(shapes.values()),
         "first_bad_shape": next((n for n, ok in shapes.items() if not ok), None),
     }
