@@ -94,8 +94,10 @@ async def client_leaves(client: httpx.AsyncClient, target: CheckTarget) -> Repor
     if name is None or target.metrics_url is None:
         return not_applicable("cancel", STORY, why)
     before = await settled(client, target.metrics_url, name, now)
-    body = target.body("Count from 1 to 2000, one number per line.", max_tokens=2000,
-                       lab={"prefill_ms": 0, "token_gap_ms": 20, "answer_tokens": 2000})
+    # 1,000 tokens 20 ms apart: 20 s, long past stop_within_s, and within what
+    # servers allow (an engine chained to another lab gateway: its limit is 1,000).
+    body = target.body("Count from 1 to 1000, one number per line.", max_tokens=1000,
+                       lab={"prefill_ms": 0, "token_gap_ms": 20, "answer_tokens": 1000})
     metrics_url = target.metrics_url
     during: float | None = None
 
