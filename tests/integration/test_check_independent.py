@@ -8,14 +8,18 @@
                    every check crosses two gateways and two engines
 
 Each test asserts every verdict the server gets, and for each one that is
-not a pass, its evidence line: what docs/check.md shows for the server
-(docs/results/check-<server>.json is a committed run).
+not a pass, its evidence line: what docs/check.md shows for the server.
+With STREAMLAB_CHECK_RESULTS=DIR each also writes its report there as
+check-<server>.json, the shape `streamlab check --json` prints: how the
+committed runs in docs/results/ were made.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -23,7 +27,8 @@ import pytest
 
 from streamlab.experiments.check.runner import CHECKS, check_url
 from streamlab.experiments.check.target import CheckTarget
-from streamlab.experiments.check.verdict import line, verdict
+from streamlab.experiments.check.verdict import line, table, verdict
+from streamlab.experiments.render import as_json_text
 from streamlab.experiments.report import Report
 from streamlab.lab import processes
 from streamlab.lab.local import Lab
@@ -37,6 +42,13 @@ MOCK = Path(sys.executable).parent / "llm-mock-api"
 # tokens, as a model does (at its defaults the mock sends one chunk at once).
 MOCK_LATENCY_MS, MOCK_CHUNK_CHARS = 20, 3
 SILENCE_S, IDLE_CUT_S = 3.0, 1.5
+
+
+def keep(report: Report, server: str) -> None:
+    """The report as docs/results/check-<server>.json, when asked to."""
+    where = os.environ.get("STREAMLAB_CHECK_RESULTS")
+    if where:
+        (Path(where) / f"check-{server}.json").write_text(as_json_text(report) + "\n")
 
 
 def lines(report: Report) -> dict[str, str]:
@@ -74,6 +86,7 @@ async def test_llm_mock_api_frames_well_and_answers_bad_input_with_a_5xx(
         llm_mock_api: str) -> None:
     report = await check_url(CheckTarget(llm_mock_api, "gpt-4o-mini", silence_s=SILENCE_S,
                                          idle_cut_s=IDLE_CUT_S, streams=6, timeout_s=20.0))
+    keep(report, "llm-mock-api")
     got = lines(report)
     assert {name: verdict(part) for name, part in zip(got, report.parts, strict=True)} == {
         "framing": "pass", "errors": "fail", "first-byte": "pass", "heartbeat": "n/a",
@@ -108,6 +121,8 @@ async def test_the_openai_upstream_chain_passes_every_check(openai_lab: Lab) -> 
                              only=tuple(c for c in CHECKS if c != "slow-reader"))
     # Straight at the outer gateway: the edge's hops would be judged instead.
     straight = await check_url(target(openai_lab.gateway_url), only=("slow-reader",))
+    every = report.parts + straight.parts
+    keep(replace(report, parts=every, tables=(table(every),)), "openai-upstream-chain")
     assert {p.variant: verdict(p) for p in report.parts} == dict.fromkeys(
         (c for c in CHECKS if c != "slow-reader"), "pass"), explained(report)
     # The inner engine allows 1,000 tokens (UPSTREAM_MAX_TOKENS): too few for the
