@@ -28,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import uvicorn
@@ -39,6 +41,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from streamlab.experiments.render import as_json_text
+from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 
 Mode = Literal["buffer", "silent", "leak", "grow", "good"]
@@ -211,6 +215,15 @@ class MisbehavingServer:
                 await asyncio.sleep(RESUME_GAP_S / 3)
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def keep(report: Report, server: str) -> None:
+    """With STREAMLAB_CHECK_RESULTS=DIR, the report as DIR/check-<server>.json,
+    the shape `streamlab check --json` prints: how the committed runs in
+    docs/results/ were made."""
+    where = os.environ.get("STREAMLAB_CHECK_RESULTS")
+    if where:
+        (Path(where) / f"check-{server}.json").write_text(as_json_text(report) + "\n")
 
 
 @contextlib.contextmanager

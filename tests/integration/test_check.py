@@ -7,17 +7,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from streamlab.experiments.check.runner import CHECKS, check_url
 from streamlab.experiments.check.target import CheckTarget
-from streamlab.experiments.check.verdict import line, verdict
+from streamlab.experiments.check.verdict import line, table, verdict
 from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 from streamlab.lab.target import LabTarget
-from tests.integration.check_servers import MODEL, MisbehavingServer, Resume, serve
+from tests.integration.check_servers import MODEL, MisbehavingServer, Resume, keep, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -52,6 +53,8 @@ async def test_the_lab_gateway_passes_every_check(lab: LabTarget) -> None:
     # hold megabytes on loopback, and the check would judge their buffers.
     straight = await check_url(target(lab.gateway_url + "/v1", "streamlab-fake", metrics),
                                only=("slow-reader",))
+    every = report.parts + straight.parts
+    keep(replace(report, parts=every, tables=(table(every),)), "streamlab-gateway")
     assert set(verdicts(report).values()) == {"pass"}, explained(report)
     assert verdicts(straight) == {"slow-reader": "pass"}, explained(straight)
     heartbeat = part(report, "heartbeat")

@@ -16,7 +16,6 @@ committed runs in docs/results/ were made.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -28,11 +27,11 @@ import pytest
 from streamlab.experiments.check.runner import CHECKS, check_url
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import line, table, verdict
-from streamlab.experiments.render import as_json_text
 from streamlab.experiments.report import Report
 from streamlab.lab import processes
 from streamlab.lab.local import Lab
 from streamlab.lab.processes import ServiceSpec, free_ports
+from tests.integration.check_servers import keep
 from tests.integration.upstream_fixtures import UPSTREAM_MAX_TOKENS
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -42,13 +41,6 @@ MOCK = Path(sys.executable).parent / "llm-mock-api"
 # tokens, as a model does (at its defaults the mock sends one chunk at once).
 MOCK_LATENCY_MS, MOCK_CHUNK_CHARS = 20, 3
 SILENCE_S, IDLE_CUT_S = 3.0, 1.5
-
-
-def keep(report: Report, server: str) -> None:
-    """The report as docs/results/check-<server>.json, when asked to."""
-    where = os.environ.get("STREAMLAB_CHECK_RESULTS")
-    if where:
-        (Path(where) / f"check-{server}.json").write_text(as_json_text(report) + "\n")
 
 
 def lines(report: Report) -> dict[str, str]:

@@ -16,7 +16,7 @@ one that buffers has finished it while the reader held a handful of tokens.
 
 Judged only on what can tell: the answer must be larger than what the
 transport can hold for a reader that stopped (MIN_ANSWER_BYTES; Needs.LONG),
-and the reader asks for a real network's buffers (a 64 KiB receive buffer, an
+and the reader asks for a real network's buffers (a 16 KiB receive buffer, an
 Ethernet MSS) instead of loopback's autotuned megabytes. It reads the server
 straight, never through the check's own hop (a proxy's buffers would be
 judged instead), so point it at the server, not at a proxy in front of it.
@@ -41,11 +41,16 @@ from streamlab.experiments.report import JSON, Check, Figure, Report
 
 STORY = "a reader that stops reading pauses the generation (or is cut), never buffers it"
 READ_BEFORE = 5  # tokens read before the reader stops
-ANSWER_TOKENS = 8000  # ~1.3 MB of chunks: past the buffers below several times over
+# ~2 MB of chunks. What the path can hold for a stopped reader, with the socket
+# below: the reader's 32 KiB (the kernel doubles what is asked), the server's
+# send buffer autotuned from its congestion window (at most 2 × the segments in
+# flight, so a few hundred KB), and the server's own write buffer (asyncio's
+# 64 KiB): well under MIN_ANSWER_BYTES, and the answer is twice that.
+ANSWER_TOKENS = 12000
 MIN_ANSWER_BYTES = 1 << 20
 MIN_PAUSE_S = 3.0
 MAX_UNIMPEDED_S = 10.0  # an answer slower than this needs too long a pause to judge
-RECEIVE_BUFFER = 64 * 1024
+RECEIVE_BUFFER = 16 * 1024
 ETHERNET_MSS = 1460
 FIX = ("let the socket's backpressure reach the generation: await each write (a bounded "
        "queue between the model and the response), never a queue nobody bounds; or cut "
@@ -149,33 +154,37 @@ async def slow_reader(metrics: httpx.AsyncClient, target: CheckTarget) -> Report
         return not_applicable("slow-reader", STORY, why)
     straight = target.direct()
     timeout = httpx.Timeout(target.timeout_s, connect=10.0)
+    # A client, so a connection, for each read: the straight read grows its
+    # connection's congestion window, and with it the server's autotuned send
+    # buffer, to megabytes; the stalled read must start from a fresh one.
     async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
         whole = await stream_chat(client, straight.chat_url, long_body(straight),
                                   headers=straight.headers())
-        answer_bytes = sum(n for _, n in whole.reads)
-        figures: dict[str, Figure] = {
-            "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
-            "unimpeded_s": whole.total_s}
-        if not whole.done:
-            return not_applicable("slow-reader", STORY, "the long answer did not complete "
-                                  f"read straight through ({whole.error_text})", figures)
-        if answer_bytes < MIN_ANSWER_BYTES:
-            return not_applicable("slow-reader", STORY, f"needs {Needs.LONG}: the whole answer "
-                                  f"({answer_bytes} bytes) fits the transport's buffers, so a "
-                                  "stopped reader cannot be felt", figures)
-        if whole.total_s > MAX_UNIMPEDED_S:
-            return not_applicable("slow-reader", STORY, f"the answer takes {whole.total_s:.3g} "
-                                  "s unimpeded: too long a pause to outlast it", figures)
-        pause_s = max(MIN_PAUSE_S, 2 * whole.total_s)
-        before = await settled(metrics, target.metrics_url, name, now)
-        metrics_url = target.metrics_url
-        at_end: float | None = None
+    answer_bytes = sum(n for _, n in whole.reads)
+    figures: dict[str, Figure] = {
+        "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
+        "unimpeded_s": whole.total_s}
+    if not whole.done:
+        return not_applicable("slow-reader", STORY, "the long answer did not complete "
+                              f"read straight through ({whole.error_text})", figures)
+    if answer_bytes < MIN_ANSWER_BYTES:
+        return not_applicable("slow-reader", STORY, f"needs {Needs.LONG}: the whole answer "
+                              f"({answer_bytes} bytes) fits the transport's buffers, so a "
+                              "stopped reader cannot be felt", figures)
+    if whole.total_s > MAX_UNIMPEDED_S:
+        return not_applicable("slow-reader", STORY, f"the answer takes {whole.total_s:.3g} "
+                              "s unimpeded: too long a pause to outlast it", figures)
+    pause_s = max(MIN_PAUSE_S, 2 * whole.total_s)
+    before = await settled(metrics, target.metrics_url, name, now)
+    metrics_url = target.metrics_url
+    at_end: float | None = None
 
-        async def hold_off() -> None:  # read nothing; what does the server do meanwhile?
-            nonlocal at_end
-            await anyio.sleep(pause_s)
-            at_end = await read_gauge(metrics, metrics_url, name)
+    async def hold_off() -> None:  # read nothing; what does the server do meanwhile?
+        nonlocal at_end
+        await anyio.sleep(pause_s)
+        at_end = await read_gauge(metrics, metrics_url, name)
 
+    async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
         stalled = await stream_chat(client, straight.chat_url, long_body(straight),
                                     headers=straight.headers(),
                                     pause_after_tokens=READ_BEFORE, pause=hold_off)
