@@ -61,7 +61,10 @@ async def test_the_lab_gateway_passes_every_check(lab: LabTarget) -> None:
     assert heartbeat.figures["comments"] >= 2  # type: ignore[operator]  # pings, not luck
     # Both of the gateway's resumable surfaces were tried, each exactly once.
     assert part(report, "resume").figures["surfaces"] == "streams,responses"
-    assert part(straight, "slow-reader").figures["behaviour"] == "paused"
+    # The test gateway's send timeout (3 s) is as long as the shortest pause:
+    # the stopped reader finds its generation held (paused) or, past the
+    # timeout, cut; never made whole for nobody.
+    assert part(straight, "slow-reader").figures["behaviour"] in ("paused", "cut")
 
 
 async def test_a_buffering_server_is_flagged_by_first_byte_only() -> None:
