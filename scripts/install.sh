@@ -57,6 +57,8 @@ if ! has_extras "$EXTRAS"; then
   .venv/bin/python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-* && tr ',' '\n' <<<"$wanted" > "$stamp"
 fi
+# The independent servers the check tests run against: with the dev tools only.
+case ",$EXTRAS," in *,dev,*) bash scripts/install_check_servers.sh ;; esac
 if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && ! has_extras hf; then
   say "installing the hf extra (torch + transformers, several GB: takes minutes)"
   started=$SECONDS
