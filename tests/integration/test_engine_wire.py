@@ -197,7 +197,7 @@ async def test_a_broken_session_drops_every_call_it_carried() -> None:
                 session.send(pb.SessionRequest(call=call, open=generate(rid, 100_000, 10)))
             session.send(pb.SessionRequest(call=9, open=generate(held, 100_000, 10,
                                                                  detachable=True)))
-            started = set()
+            started: set[int] = set()
             while len(started) < 4:
                 started |= {i.call for i in (await session.event()).items
                             if i.WhichOneof("kind") == "event"}
