@@ -55,7 +55,7 @@ integration: install
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 # The cancellation, resume, re-attach, replica and drain tests on the
-# multiplexed engine wire (docs/cancellation.md); any other test file runs on
+# multiplexed engine wire (docs/cancellation-and-backpressure.md); any other test file runs on
 # it the same way, with STREAMLAB_GATEWAY_ENGINE_WIRE=multiplexed set.
 WIRE_TESTS := test_engine_wire test_cancellation test_resume test_reattach test_replicas \
 	test_replica_loss test_drain

@@ -28,11 +28,15 @@ Cancellation is a dropped call, wherever it comes from:
                 `finally` cancels every generation task it started, each one
                 exactly as an abort
 
-Flow control is the session's, not a generation's: a gateway that stops
-reading the session stalls every generation on it once the outbox holds
-OUTBOX_LIMIT items. A gateway demultiplexes at once, so one slow client does
-not stall the others (nor, unlike a Generate call's own window, the model:
-its tokens wait in the gateway). docs/cancellation.md compares the wires.
+Flow control, per call: HTTP/2 gives each Generate call a window of its own,
+and one Session call has one window for all. So each call opened on a session
+carries a window in tokens (`window_tokens`); the engine sends that many
+beyond what the caller credited back (`credit`, as its client consumes them)
+and then parks the generation at its `yield`, where a Generate handler parks
+when its call's window is full: a slow client pauses its own generation and
+no other. The session's own window only matters when the gateway stops
+reading the whole session: every generation stalls once the outbox holds
+OUTBOX_LIMIT items. docs/cancellation-and-backpressure.md compares the wires.
 """
 
 from __future__ import annotations
@@ -83,6 +87,33 @@ class Runs(Protocol):
                    ) -> AsyncGenerator[pb.GenerateResponse, None]: ...
 
 
+class Window:
+    """One call's flow control: tokens it may still send before the caller
+    credits more back (None: no window)."""
+
+    def __init__(self, tokens: int) -> None:
+        self.left: int | None = tokens or None
+        self._credited = asyncio.Event()
+
+    async def spend(self, event: pb.GenerateResponse) -> None:
+        """Take the event's tokens from the window, first waiting for room if it
+        has none (an event without tokens, the finish, never waits)."""
+        if self.left is None:
+            return
+        kind = event.WhichOneof("event")
+        tokens = len(event.tokens.chunks) if kind == "tokens" else (
+            1 if kind in ("token", "tool_call") else 0)
+        while tokens and self.left <= 0:
+            self._credited.clear()
+            await self._credited.wait()
+        self.left -= tokens
+
+    def credit(self, tokens: int) -> None:
+        if self.left is not None:
+            self.left += tokens
+            self._credited.set()
+
+
 class Health:
     """The engine's health as its sessions tell it: `serving` (SIGUSR1 turns it
     off: a balanced gateway sends no new call), `stopping` (shutdown: new calls
@@ -106,6 +137,7 @@ class EngineSession:
         self._stats = stats
         self._health = health
         self._tasks: dict[int, asyncio.Task[None]] = {}  # by call number
+        self._windows: dict[int, Window] = {}
         # A plain generation's record, so an abort marks its cancel at once (as
         # the Generate handler's done-callback does).
         self._records: dict[int, GenerationRecord] = {}
@@ -160,6 +192,9 @@ class EngineSession:
                 kind, call = request.WhichOneof("kind"), request.call
                 if kind == "abort":
                     self._abort(call)
+                elif kind == "credit":
+                    if (window := self._windows.get(call)) is not None:
+                        window.credit(request.credit.tokens)
                 elif self._health.stopping:
                     # A stopping gRPC server refuses new calls with UNAVAILABLE;
                     # the session's new calls are refused the same.
@@ -168,23 +203,30 @@ class EngineSession:
                     self._end(call, grpc.StatusCode.ALREADY_EXISTS,
                               f"call {call} is already in flight on this session")
                 elif kind == "open":
-                    self._start(call, self._runs.generation(
+                    self._start(call, request.window_tokens, self._runs.generation(
                         request.open, self._accept(call), self._started(call)))
                 elif kind == "attach":
-                    self._start(call, self._runs.attachment(request.attach, self._accept(call)))
+                    self._start(call, request.window_tokens,
+                                self._runs.attachment(request.attach, self._accept(call)))
         finally:
             self._reading = False
             self._ready.set()
 
-    def _start(self, call: int, events: AsyncGenerator[pb.GenerateResponse, None]) -> None:
+    def _start(self, call: int, window: int,
+               events: AsyncGenerator[pb.GenerateResponse, None]) -> None:
         """Run `events` (not started yet: dropping it unstarted runs nothing)."""
+        self._windows[call] = Window(window)
         self._tasks[call] = asyncio.get_running_loop().create_task(self._generate(call, events))
 
     async def _generate(self, call: int,
                         events: AsyncGenerator[pb.GenerateResponse, None]) -> None:
+        window = self._windows[call]
         try:
             async with aclosing(events) as stream:
                 async for event in stream:
+                    # Parked here, the generation pauses at its `yield`, as a
+                    # Generate handler does when its call's window is full.
+                    await window.spend(event)
                     self._put(pb.SessionItem(call=call, event=event))
                     if not self._room.is_set():
                         await self._room.wait()  # the gateway stopped reading the session
@@ -195,6 +237,7 @@ class EngineSession:
             self._end(call, grpc.StatusCode.INTERNAL, f"engine: {exc!r}")
         finally:
             self._tasks.pop(call, None)
+            self._windows.pop(call, None)
             self._records.pop(call, None)
             self._ready.set()
 

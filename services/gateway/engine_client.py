@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.engine_mux import EngineMux, MuxCall, MuxSession
+from services.gateway.engine_mux import EngineMux, MuxCall, MuxSession, window_tokens
 from services.gateway.errors import EngineError, redact_addresses
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -333,7 +333,8 @@ class EngineClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         # The multiplexed wire: a Session per engine (on its own channel when
         # there are several, as the balanced channel would pin one session to one).
-        self._mux = (EngineMux(self._pinned or [self._stub], settings.engine_health_checks)
+        self._mux = (EngineMux(self._pinned or [self._stub], settings.engine_health_checks,
+                               window_tokens(settings.engine_read_ahead_bytes))
                      if settings.engine_wire == "multiplexed" else None)
         self._accept_timeout_s = settings.engine_accept_timeout_s
         self._idle_timeout_s = settings.engine_idle_timeout_s

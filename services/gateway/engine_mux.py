@@ -19,10 +19,13 @@ engine died, the hop was cut, keepalive found it black-holed), every call it
 carried fails with the session's own gRPC error, which EngineStream turns into
 the same EngineError (and SSE error event) a broken Generate call gives.
 
-No per-stream flow control: the engine's session outbox waits only when this
-gateway stops reading the whole session, and the reader never waits for a
-consumer, so a slow client's tokens wait here (each call's queue) instead of
-pausing its generation as a Generate call's window does.
+Flow control per call, as HTTP/2 gives each Generate call a window: every
+call is opened with a window in tokens (`window_tokens`, sized to what the
+per-call HTTP/2 window, `engine_read_ahead_bytes`, holds of single-token
+messages) and credits tokens back as its consumer reads them, half a window at
+a time. A slow client so pauses its own generation at the engine and no other,
+and what waits here per call is bounded by the window. The session reader
+never waits for a consumer.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 log = logging.getLogger("streamlab.gateway.engine_mux")
 
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
+# Bytes a single-token GenerateResponse takes on a Generate call (protobuf,
+# gRPC's 5-byte prefix, HTTP/2's 9-byte frame header): a per-call window of
+# engine_read_ahead_bytes holds about that many tokens.
+TOKEN_WIRE_BYTES = 24
+
+
+def window_tokens(read_ahead_bytes: int) -> int:
+    return max(16, read_ahead_bytes // TOKEN_WIRE_BYTES)
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -60,6 +71,7 @@ class MuxCall:
         self._error: grpc.aio.AioRpcError | None = None  # its end without a finish
         self._finished = False  # a finish or error event arrived: the engine is done
         self._cancelled = False
+        self._read_tokens = 0  # consumed since the last credit
 
     # ---- the session's side ----------------------------------------------------------
     def deliver(self, item: pb.SessionItem) -> None:
@@ -102,7 +114,14 @@ class MuxCall:
             if self._cancelled:
                 raise asyncio.CancelledError  # as grpc.aio's read of a cancelled call
             if self._events:
-                return self._events.popleft()
+                event = self._events.popleft()
+                kind = event.WhichOneof("event")
+                if kind in ("token", "tokens", "tool_call"):
+                    self._read_tokens += len(event.tokens.chunks) if kind == "tokens" else 1
+                    if self._read_tokens * 2 >= self._link.window:
+                        self._link.credit(self, self._read_tokens)
+                        self._read_tokens = 0
+                return event
             if self._error is not None:
                 raise self._error
             if self._finished:
@@ -136,7 +155,8 @@ class MuxCall:
 class _Link:
     """One Session call and the calls it carries; once broken, never reused."""
 
-    def __init__(self, stub: pb_grpc.EngineServiceStub) -> None:
+    def __init__(self, stub: pb_grpc.EngineServiceStub, window: int) -> None:
+        self.window = window
         self._outbox: asyncio.Queue[pb.SessionRequest] = asyncio.Queue()
         self.calls: dict[int, MuxCall] = {}
         self._numbers = itertools.count(1)
@@ -148,9 +168,15 @@ class _Link:
     def start(self, request_id: str, message: pb.SessionRequest) -> MuxCall:
         call = MuxCall(self, next(self._numbers), request_id)
         message.call = call.number
+        message.window_tokens = self.window
         self.calls[call.number] = call
         self._outbox.put_nowait(message)
         return call
+
+    def credit(self, call: MuxCall, tokens: int) -> None:
+        if call.number in self.calls and not self.broken:
+            self._outbox.put_nowait(pb.SessionRequest(
+                call=call.number, credit=pb.SessionCredit(tokens=tokens)))
 
     def abort(self, call: MuxCall) -> None:
         if self.calls.pop(call.number, None) is not None and not self.broken:
@@ -201,8 +227,9 @@ class _Link:
 class MuxSession:
     """One engine's Session, reopened on the first use after it broke."""
 
-    def __init__(self, stub: pb_grpc.EngineServiceStub) -> None:
+    def __init__(self, stub: pb_grpc.EngineServiceStub, window: int) -> None:
         self._stub = stub
+        self._window = window
         self._link: _Link | None = None
 
     @property
@@ -213,7 +240,7 @@ class MuxSession:
 
     def _current(self) -> _Link:
         if self._link is None or self._link.broken:
-            self._link = _Link(self._stub)
+            self._link = _Link(self._stub, self._window)
         return self._link
 
     def open(self, request: pb.GenerateRequest) -> MuxCall:
@@ -230,8 +257,9 @@ class MuxSession:
 class EngineMux:
     """A session per engine; new generations rotate over the serving ones."""
 
-    def __init__(self, stubs: list[pb_grpc.EngineServiceStub], health_checks: bool) -> None:
-        self.sessions = [MuxSession(stub) for stub in stubs]
+    def __init__(self, stubs: list[pb_grpc.EngineServiceStub], health_checks: bool,
+                 window: int) -> None:
+        self.sessions = [MuxSession(stub, window) for stub in stubs]
         self._health_checks = health_checks and len(stubs) > 1
         self._turn = itertools.count()
 

@@ -37,7 +37,7 @@ class GatewaySettings(BaseSettings):
     # How streams travel to the engine: a gRPC call each (per_request, the
     # default: a cancel is the call's RST_STREAM), or all on one long-lived
     # Session per engine, an abort a message (multiplexed, vLLM's shape;
-    # services/gateway/engine_mux.py, docs/cancellation.md).
+    # services/gateway/engine_mux.py, docs/cancellation-and-backpressure.md).
     engine_wire: Literal["per_request", "multiplexed"] = "per_request"
     # Seconds between `: ping` comments on an SSE stream (0 disables them).
     heartbeat_s: float = Field(15.0, ge=0)

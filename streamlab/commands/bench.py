@@ -189,8 +189,8 @@ def cancel(
         "Other streams running meanwhile through the edge (a token a second; the "
         "caps are raised for them and put back after)."))] = 0,
     wire: Annotated[str, typer.Option(help=(
-        "The gateways' engine wire: lab (as it runs), per_request, multiplexed, or both "
-        "(each in turn, the gateways restarted on it; docs/cancellation.md)."))] = "lab",
+        "The gateways' engine wire: lab (as it runs), per_request, multiplexed, or "
+        "both (each in turn, the gateways restarted on it)."))] = "lab",
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Open streams through the edge, leave each after 1-8 tokens, and report how

@@ -93,7 +93,7 @@ def up(
              "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
     engine_wire: Annotated[str | None, typer.Option(
         help="Gateway to engine: per_request (a gRPC call a stream) or multiplexed "
-             "(one Session per engine; docs/cancellation.md).")] = None,
+             "(one Session per engine; docs/cancellation-and-backpressure.md).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Start the lab (detached) and print its services and URLs.

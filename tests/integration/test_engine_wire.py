@@ -183,6 +183,43 @@ async def test_an_abort_stops_its_generation_at_the_next_step_and_no_other() -> 
     assert all(after_abort[c] > 0 for c in (1, 3)), "the others ran on after the abort"
 
 
+async def test_a_call_that_is_not_read_pauses_its_own_generation_and_no_other() -> None:
+    """Per-call flow control on one session: call 1 is never credited, call 2
+    credits every token it gets. Call 1's generation pauses once its window is
+    spent (a wire without per-call windows would run it to its end, or stall
+    call 2 behind it); call 2 runs to its finish meanwhile."""
+    window, tokens = 40, 400
+    async with engine() as running, stub_to(running.port) as stub:
+        session = Session(stub)
+        rids = {call: f"window-{call}-{uuid.uuid4().hex[:6]}" for call in (1, 2)}
+        for call, rid in rids.items():
+            session.send(pb.SessionRequest(call=call, window_tokens=window,
+                                           open=generate(rid, tokens, gap_ms=0)))
+        got = {1: 0, 2: 0}
+        finished = False
+        while not finished:
+            for item in (await session.event()).items:
+                if item.WhichOneof("kind") != "event":
+                    continue
+                finished |= item.call == 2 and item.event.WhichOneof("event") == "finish"
+                count = len(tokens_of(item))
+                got[item.call] += count
+                if item.call == 2 and count:
+                    session.send(pb.SessionRequest(call=2, credit=pb.SessionCredit(
+                        tokens=count)))
+        paused = await record(stub, rids[1])
+        session.send(pb.SessionRequest(call=1, abort=pb.SessionAbort()))
+        stopped = await ended(stub, rids[1], AT_ONCE_S)
+        session.call.cancel()
+    assert got[2] == tokens
+    # A message may take the window past its end (tokens made in one step
+    # travel together), and the step that made them is counted: paused there,
+    # far from the end that call 2 reached in the same time.
+    assert window <= got[1] <= paused.tokens_generated < tokens // 2
+    assert paused.state == pb.GENERATION_STATE_RUNNING
+    assert stopped.state == pb.GENERATION_STATE_CANCELLED
+
+
 async def test_a_broken_session_drops_every_call_it_carried() -> None:
     """The session's stream ends (the gateway died, the hop was cut): its plain
     generations are cancelled at once, as their Generate calls would be, and

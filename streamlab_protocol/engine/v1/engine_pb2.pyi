@@ -54,20 +54,30 @@ GENERATION_STATE_CANCELLED: GenerationState
 GENERATION_STATE_FAILED: GenerationState
 
 class SessionRequest(_message.Message):
-    __slots__ = ("call", "open", "attach", "abort")
+    __slots__ = ("call", "open", "attach", "abort", "credit", "window_tokens")
     CALL_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     call: int
     open: GenerateRequest
     attach: AttachRequest
     abort: SessionAbort
-    def __init__(self, call: _Optional[int] = ..., open: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., abort: _Optional[_Union[SessionAbort, _Mapping]] = ...) -> None: ...
+    credit: SessionCredit
+    window_tokens: int
+    def __init__(self, call: _Optional[int] = ..., open: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., abort: _Optional[_Union[SessionAbort, _Mapping]] = ..., credit: _Optional[_Union[SessionCredit, _Mapping]] = ..., window_tokens: _Optional[int] = ...) -> None: ...
 
 class SessionAbort(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class SessionCredit(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    def __init__(self, tokens: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("items", "serving")
