@@ -20,8 +20,8 @@ Cancellation is a dropped call, wherever it comes from:
 
     abort       the generation's task is cancelled: a plain generation stops at
                 its next decode step (CancelledError in the backend's await, as
-                when grpc cancels a Generate handler) and its cancel is marked
-                now; a detachable one is only left by this consumer (orphaned,
+                when grpc cancels a Generate handler, and its cancel is marked
+                where that one's is); a detachable one is only left by this consumer (orphaned,
                 its grace runs: detached.py), as when a Generate call drops
     session end the caller closed it, or the stream broke (gateway killed, hop
                 cut, keepalive failed): grpc cancels this handler, whose
@@ -138,9 +138,6 @@ class EngineSession:
         self._health = health
         self._tasks: dict[int, asyncio.Task[None]] = {}  # by call number
         self._windows: dict[int, Window] = {}
-        # A plain generation's record, so an abort marks its cancel at once (as
-        # the Generate handler's done-callback does).
-        self._records: dict[int, GenerationRecord] = {}
         self._outbox: list[pb.SessionItem] = []
         self._ready = asyncio.Event()  # the outbox has items, or the reader ended
         self._ready.set()  # the first event tells the engine's health
@@ -238,17 +235,13 @@ class EngineSession:
         finally:
             self._tasks.pop(call, None)
             self._windows.pop(call, None)
-            self._records.pop(call, None)
             self._ready.set()
 
     def _abort(self, call: int) -> None:
         """The call is dropped (no reply: a cancelled call has none)."""
         task = self._tasks.get(call)
-        if task is None:
-            return  # ended already (its end item is on its way), or never here
-        if (record := self._records.get(call)) is not None:
-            self._stats.mark_cancel(record)
-        task.cancel()
+        if task is not None:  # else it ended already (its end item is on its way)
+            task.cancel()
 
     def _end(self, call: int, status: grpc.StatusCode, details: str) -> None:
         self._put(pb.SessionItem(call=call, ended=pb.SessionStatus(
@@ -262,7 +255,12 @@ class EngineSession:
 
     def _started(self, call: int) -> Callable[[GenerationRecord], None]:
         def started(record: GenerationRecord) -> None:
-            self._records[call] = record
+            # As the Generate handler's done-callback: a cancelled task marks
+            # the cancel even if the backend notices later (a decode thread).
+            task = self._tasks.get(call)
+            if task is not None:
+                task.add_done_callback(
+                    lambda done: self._stats.mark_cancel(record) if done.cancelled() else None)
         return started
 
     def _put(self, item: pb.SessionItem) -> None:
