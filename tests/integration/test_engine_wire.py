@@ -14,6 +14,9 @@ then opens a new session.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +31,7 @@ from services.engine.settings import EngineSettings
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import EngineError
 from services.gateway.settings import GatewaySettings
+from streamlab.lab.target import LabTarget
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from tests.wait import wait_until_async
@@ -306,3 +310,27 @@ async def test_a_broken_session_fails_its_streams_as_broken_calls_fail_then_reco
     assert multiplexed == per_request, "the same errors on both wires"
     assert all(status >= 500 for status, _ in multiplexed)
     assert multiplexed_tokens == per_request_tokens == 5
+
+
+def test_bench_cancel_measures_both_wires_side_by_side(lab: LabTarget) -> None:
+    """`streamlab bench cancel --wire both`: the same abandonment on each wire
+    (the lab's gateways restarted on it, then put back), every cancel reaching
+    the engine on each, and the latencies in one table."""
+    if lab.pids is None:
+        pytest.skip("--wire restarts the gateways: local labs only")
+    out = subprocess.run(
+        [sys.executable, "-m", "streamlab.cli", "bench", "cancel", "--run-dir", str(lab.run_dir),
+         "--streams", "12", "--concurrency", "4", "--wire", "both", "--json"],
+        capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["as_expected"], report["checks"]
+    figures = report["figures"]
+    for wire in ("per_request", "multiplexed"):
+        assert figures[f"{wire}_streams"] == figures[f"{wire}_cancelled"] == 12
+        assert figures[f"{wire}_still_running"] == 0
+        assert 0 <= figures[f"{wire}_cancel_latency_p50_ms"] < 2000
+    assert [row[0] for row in report["tables"][0]["rows"]] == ["per_request", "multiplexed"]
+    assert {c["figure"] for c in report["checks"]} == {
+        f"{wire}_{name}" for wire in ("per_request", "multiplexed")
+        for name in ("cancelled", "still_running")}
