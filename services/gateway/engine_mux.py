@@ -157,7 +157,7 @@ class _Link:
 
     def __init__(self, stub: pb_grpc.EngineServiceStub, window: int) -> None:
         self.window = window
-        self._outbox: asyncio.Queue[pb.SessionRequest] = asyncio.Queue()
+        self._outbox: asyncio.Queue[pb.SessionRequest | None] = asyncio.Queue()
         self.calls: dict[int, MuxCall] = {}
         self._numbers = itertools.count(1)
         self.broken = False
@@ -184,8 +184,10 @@ class _Link:
                                                       abort=pb.SessionAbort()))
 
     async def _requests(self) -> AsyncIterator[pb.SessionRequest]:
-        while True:
-            yield await self._outbox.get()
+        # Ends on None: grpc leaves a request iterator of a call that ended
+        # waiting here, and a generator that waits cannot be closed at shutdown.
+        while (message := await self._outbox.get()) is not None:
+            yield message
 
     async def _read(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, "engine session ended")
@@ -210,6 +212,7 @@ class _Link:
             raise
         finally:
             self.broken = True
+            self._outbox.put_nowait(None)
             calls, self.calls = list(self.calls.values()), {}
             if calls:
                 log.warning("engine session broke (%s) under %d calls", error.code().name,
