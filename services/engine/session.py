@@ -7,7 +7,8 @@ code as Generate and Attach (the servicer's `generation` and `attachment`), so
 validation, admission, records and counters are the very same:
 
     reader      one task: reads the caller's messages; `open` and `attach`
-                start a generation task each, `abort` cancels one
+                start a generation task each, `abort` cancels one, `credit`
+                widens one's window (flow control, below)
     generation  one task per request id: iterates what a Generate (or Attach)
                 call would stream and puts each event in the outbox, tagged
                 with its request id; a Refused status becomes its `ended` item
@@ -37,6 +38,12 @@ when its call's window is full: a slow client pauses its own generation and
 no other. The session's own window only matters when the gateway stops
 reading the whole session: every generation stalls once the outbox holds
 OUTBOX_LIMIT items. docs/cancellation-and-backpressure.md compares the wires.
+
+Health: a draining engine (SIGUSR1) tells its sessions `serving` false, so a
+gateway with several engines opens no new call on it, as its health-checked
+balancer skips it for Generate calls; a stopping one refuses new calls on
+its sessions with UNAVAILABLE, as the stopping server refuses new RPCs, and
+serves the running ones through its grace.
 """
 
 from __future__ import annotations
