@@ -3,6 +3,8 @@
 A plain generation runs in its call's handler; a `detachable` one in a task of
 its own that its call (and later any Attach) only reads (detached.py), so it
 survives a caller that vanishes, until its orphan grace ends or a Cancel.
+The multiplexed Session call (session.py) runs the same `generation` and
+`attachment` work for each call it carries.
 
 Cancellation: when the gateway cancels the call (its client left), grpc.aio
 cancels this handler's task, so CancelledError surfaces at the backend's next
