@@ -45,11 +45,16 @@ from streamlab.lab.processes import StartError
 from streamlab.lab.proxies import edge_proxy
 
 # The matrix lab's services: enough engine slots and per-client streams for
-# the ceiling's ramp, answers long enough for the slow reader's flood, and a
-# send timeout (nginx's `/`) short enough to be seen within its window.
-MATRIX_ENGINE_ENV = {**SCALE_ENGINE_ENV, "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "200000"}
-MATRIX_GATEWAY_ENV = {**SCALE_GATEWAY_ENV, "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": "3"}
-MATRIX_NGINX = NginxOptions(send_timeout_s=3.0)
+# the ceiling's ramp, answers long enough for the slow reader's flood, and
+# the streaming location's timeouts (nginx's send timeout, the others' idle
+# timeouts: HAProxy's `timeout client`) short enough to be seen within the
+# slow reader's window, still longer than every silence the probes make. The
+# gateway's own send timeout past the window: the slow reader's verdict is
+# the proxy's (the gateway's cuts a stalled stream once every buffer in front
+# of it is full, whatever the proxy).
+MATRIX_ENGINE_ENV = {**SCALE_ENGINE_ENV, "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000"}
+MATRIX_GATEWAY_ENV = {**SCALE_GATEWAY_ENV, "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": "120"}
+MATRIX_NGINX = NginxOptions(send_timeout_s=3.0, read_timeout_s=8.0)
 
 Say = Callable[[str], None]
 

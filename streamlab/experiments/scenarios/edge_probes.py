@@ -79,7 +79,9 @@ CANCEL_BOUND_MS = 1000.0
 # to megabytes on loopback: 30,000 tokens, ~6 MB, fit), so only a proxy that
 # buffers in its own memory or on disk takes it all.
 FLOOD_TOKENS = 100_000
-SLOW_READER_WINDOW_S = 12.0
+# Longer than the matrix lab's streaming idle timeout (edge_matrix.py), which
+# HAProxy's `/` uses as its client timeout, plus the time its buffers take to fill.
+SLOW_READER_WINDOW_S = 20.0
 # Tokens still growing over the window's last seconds: the proxy reads on.
 STILL_GENERATING_S = 2.0
 # Reload: streams live across it, and a hard stop shorter than what is left of them.
@@ -88,6 +90,7 @@ CUT_STOP_S = 1
 # Ceiling: the bounded ramp, in steps, and how long a stream may take to be admitted.
 CEILING_MAX, CEILING_STEP = 1200, 100
 ADMIT_TIMEOUT_S = 8.0
+CEILING_HEARTBEAT_S = 2.0
 # The client addresses of the client-address probe (loopback is a /8 on Linux).
 CLIENT_A, CLIENT_B = "127.0.0.2", "127.0.0.3"
 
@@ -305,12 +308,14 @@ async def websocket(ctx: ProbeContext, form: Form) -> Cell:
 # ---- a client that reads nothing -----------------------------------------------------
 
 async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
-    """A reader that takes no byte (a closed TCP window). A proxy that stops
-    reading the upstream when its client does holds the engine back (it
-    stalls, the kernel buffers on the way full) until its send timeout cuts
-    the client; one that reads on regardless (into memory, then a temp file)
-    keeps the engine generating for nobody. Broken: the engine still
-    generating at the window's end, or done with the whole answer."""
+    """A reader that takes no byte (a closed TCP window). A proxy with a send
+    timeout cuts it once the buffers in front of it are full, closes the
+    upstream, and the gateway cancels the generation; without one (or with a
+    proxy that reads on into memory or a temp file) the engine generates for
+    nobody, or sits holding its slot, for as long as the client stays.
+    Broken: not cut within the window. The tokens generated say how much the
+    chain took in meanwhile (on loopback, the hops' autotuned socket buffers
+    alone take megabytes)."""
     lab = ctx.lab
     rid = f"probe-slow-{uuid.uuid4().hex[:8]}"
     body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=FLOOD_TOKENS,
@@ -341,7 +346,7 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
     earlier = [tokens for at, tokens in samples if at <= end_s - STILL_GENERATING_S]
     generating = (record.state == pb.GENERATION_STATE_RUNNING and bool(earlier)
                   and end_tokens > earlier[-1])
-    completed = record.state == pb.GENERATION_STATE_COMPLETED
+    completed = record.state == pb.GENERATION_STATE_COMPLETED and cut_after is None
     figures: Figures = {
         "tokens_asked": FLOOD_TOKENS,
         "engine_state_at_end": state,
@@ -351,9 +356,8 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
         "window_s": SLOW_READER_WINDOW_S,
     }
     await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, 10.0)
-    note = ("" if completed or generating or cut_after is not None else
-            f"held back, not cut within {SLOW_READER_WINDOW_S:g} s (the send timeout is longer)")
-    return Cell(completed or generating, figures, note)
+    note = "the whole answer generated for nobody" if completed else ""
+    return Cell(cut_after is None, figures, note)
 
 
 # ---- the client leaves ---------------------------------------------------------------
@@ -586,8 +590,10 @@ async def ramp(ctx: ProbeContext, limit: int = CEILING_MAX) -> Figures:
     """Open streams CEILING_STEP at a time (each a long silent prefill, so it
     stays open and quiet) until one is refused or queued, or `limit` are open."""
     lab = ctx.lab
+    # Pings inside the matrix lab's idle timeout, so no stream is cut (and its
+    # connections freed) while the ramp runs.
     body = chat_body("ceiling", prefill_ms=60_000, token_gap_ms=GAP_MS, answer_tokens=1,
-                     heartbeat_s=0)
+                     heartbeat_s=CEILING_HEARTBEAT_S)
     payload = json.dumps(body).encode()
     request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {lab.ports.host}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
@@ -636,8 +642,8 @@ FIXES: dict[str, dict[str, str]] = {
     "buffering": {
         "nginx": "proxy_buffering off; (or the app's X-Accel-Buffering: no, unless ignored)",
         "haproxy": "none needed: HAProxy never buffers a response body",
-        "caddy": "flush_interval -1 (event streams are flushed anyway)",
-        "traefik": "responseForwarding.flushInterval (event streams are flushed anyway)",
+        "caddy": "none needed: an event stream is flushed at every write",
+        "traefik": "none needed: an event stream is flushed at every write",
     },
     "compression": {
         "nginx": "proxy_buffering off; or gzip_types without text/event-stream",
@@ -658,15 +664,15 @@ FIXES: dict[str, dict[str, str]] = {
         "traefik": "none needed: the load balancer upgrades",
     },
     "slow-reader": {
-        "nginx": "proxy_buffering off; send_timeout",
+        "nginx": "send_timeout (and proxy_buffering off; so the engine is held back)",
         "haproxy": "timeout client (it never buffers a body)",
-        "caddy": "transport http { write_timeout } / server write_timeout",
-        "traefik": "entryPoints respondingTimeouts.writeTimeout (a whole-answer deadline)",
+        "caddy": "none per write: servers { write_timeout } is a whole-answer deadline",
+        "traefik": "none per write: respondingTimeouts.writeTimeout is a whole-answer deadline",
     },
     "client-leaves": {
-        "nginx": "proxy_ignore_client_abort off; (the default)",
-        "haproxy": "option abortonclose (for a request still queued)",
-        "caddy": "none needed: the request context ends with the client",
+        "nginx": "proxy_buffering off; (buffered, nginx ran the prefill to its end)",
+        "haproxy": "option abortonclose (else the gateway hears at HAProxy's next write)",
+        "caddy": "no flush_interval -1 (with it, Caddy notices at its next write)",
         "traefik": "none needed: the request context ends with the client",
     },
     "client-address": {
@@ -678,8 +684,8 @@ FIXES: dict[str, dict[str, str]] = {
     "headers-held": {
         "nginx": "proxy_buffering off; (headers go out with the first body write otherwise)",
         "haproxy": "none needed",
-        "caddy": "flush_interval -1",
-        "traefik": "responseForwarding.flushInterval",
+        "caddy": "none needed",
+        "traefik": "none needed",
     },
     "reload": {
         "nginx": "worker_shutdown_timeout longer than a stream",
@@ -707,7 +713,7 @@ PROBES: tuple[Probe, ...] = (
                                               "error")),
     Probe("websocket", "the WebSocket upgrade refused", websocket, FIXES["websocket"],
           shown=("handshake_status", "tokens", "done")),
-    Probe("slow-reader", "a reader that reads nothing: the whole answer soaked up for nobody",
+    Probe("slow-reader", "a reader that reads nothing is never cut: its generation runs on",
           slow_reader, FIXES["slow-reader"], fast=False,
           shown=("engine_state_at_end", "tokens_generated", "generating_at_end",
                  "cut_after_s")),
