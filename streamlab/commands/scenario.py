@@ -341,6 +341,9 @@ def matrix_command(
         "--markdown", help="The matrix as a Markdown table.")] = False,
     plot_file: Annotated[Path | None, typer.Option(
         "--plot", help="Draw the matrix as a coloured grid (PNG) here.")] = None,
+    from_json: Annotated[Path | None, typer.Option(
+        "--from-json", exists=True, dir_okay=False,
+        help="Run nothing: render a matrix saved with --json.")] = None,
 ) -> None:
     """Does each edge proxy break token streams, out of the box and fixed?
 
@@ -365,8 +368,11 @@ def matrix_command(
     probes = [edge_probes.get_probe(p) for p in probe] if probe else list(edge_probes.PROBES)
     say = edge_matrix.stderr_say if as_json or as_markdown else (
         lambda line: console.print(line, highlight=False))
-    matrix = asyncio.run(edge_matrix.run_matrix(proxies, probes, user_config=proxy_config,
-                                                say=say))
+    if from_json is not None:
+        matrix = edge_matrix.Matrix.from_json(json.loads(from_json.read_text()))
+    else:
+        matrix = asyncio.run(edge_matrix.run_matrix(proxies, probes, user_config=proxy_config,
+                                                    say=say))
     if plot_file is not None:
         try:
             say(f"plot: {edge_matrix.plot(matrix, plot_file)}")
@@ -378,7 +384,7 @@ def matrix_command(
         print(edge_matrix.markdown(matrix), end="")
     else:
         print_matrix(matrix)
-    yours_broken = proxy_config is not None and any(
+    yours_broken = any("yours" in row.forms for row in matrix.rows) and any(
         cell.broken for row in matrix.rows for by_form in row.cells.values()
         for cell in by_form.values())
     if not matrix.measured or yours_broken:

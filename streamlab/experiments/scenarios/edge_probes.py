@@ -357,6 +357,10 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
     }
     await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, 10.0)
     note = "the whole answer generated for nobody" if completed else ""
+    if ctx.proxy == "haproxy" and form == "default" and cut_after is not None:
+        # HAProxy's client-side timeouts are the frontend's, which every path
+        # of the lab's config shares: a bare HAProxy has none (it warns).
+        note = "cut by the frontend's timeout client, shared with `/`"
     return Cell(cut_after is None, figures, note)
 
 
