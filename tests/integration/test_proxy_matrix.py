@@ -67,9 +67,9 @@ async def test_each_probe_breaks_where_the_proxy_does_and_not_where_it_is_fixed(
 async def test_the_slice_is_measured_and_renders(slice_matrix: Matrix) -> None:
     assert slice_matrix.measured
     text = markdown(slice_matrix)
-    assert text.count("\n") == 2 + len(SLICE) * len(EXPECTED)
+    assert text.count("### ") == len(SLICE)
     # nginx's gzip lump, with the directive that fixes it.
-    assert "| compression | nginx | broken (content_encoding gzip" in text
+    assert "| nginx | broken (content_encoding gzip" in text
 
 
 async def test_a_user_config_whose_idle_timeout_is_shorter_than_the_pause_is_named(

@@ -263,15 +263,24 @@ def rows_for_table(matrix: Matrix) -> list[tuple[str, str, str, str, str]]:
 
 
 def markdown(matrix: Matrix) -> str:
-    """The matrix as a Markdown table, one row per probe and proxy."""
+    """The matrix in Markdown: a section per failure (its heading an anchor a
+    page can point at: `proxy-matrix.md#compression`), a row per proxy."""
     yours = any("yours" in row.forms for row in matrix.rows)
-    head = (["failure", "proxy", "your config", "fixing directive"] if yours else
-            ["failure", "proxy", "out of the box", "streaming-ready", "fixing directive"])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for probe, proxy, first, ready, fix in rows_for_table(matrix):
-        cells = [probe, proxy, first, fix] if yours else [probe, proxy, first, ready, fix]
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(out) + "\n"
+    head = (["proxy", "your config", "fixing directive"] if yours else
+            ["proxy", "out of the box", "streaming-ready", "fixing directive"])
+    failures = {p.name: p.failure for p in PROBES}
+    out: list[str] = []
+    lines = rows_for_table(matrix)
+    for probe in matrix.probes:
+        out += [f"### {probe}", "", failures.get(probe, "") + ".", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name, proxy, first, ready, fix in lines:
+            if name != probe:
+                continue
+            cells = [proxy, first, fix] if yours else [proxy, first, ready, fix]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 # Grid colours: broken red, ok green, not measured grey.

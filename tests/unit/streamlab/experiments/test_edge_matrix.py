@@ -71,13 +71,15 @@ def test_the_table_has_a_row_per_failure_and_proxy_with_figures_and_the_fix() ->
     assert rows[2][3] == "- ; probe crashed: boom".replace(" ;", ";")
 
 
-def test_markdown_is_a_table_with_a_line_per_row() -> None:
+def test_markdown_is_a_section_per_failure_with_a_row_per_proxy() -> None:
     text = markdown(sample())
-    lines = text.splitlines()
-    assert lines[0] == ("| failure | proxy | out of the box | streaming-ready | "
-                        "fixing directive |")
-    assert len(lines) == 2 + 4
-    assert all(line.count(" | ") == 4 for line in lines[2:])
+    sections = text.split("### ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["compression", "ceiling"]
+    compression = sections[0].splitlines()
+    assert compression[4] == "| proxy | out of the box | streaming-ready | fixing directive |"
+    rows = [line for line in compression[6:] if line]
+    assert [row.split(" | ")[0] for row in rows] == ["| nginx", "| haproxy"]
+    assert all(row.count(" | ") == 3 for row in rows)
 
 
 def test_a_user_config_is_one_column() -> None:
@@ -86,7 +88,7 @@ def test_a_user_config_is_one_column() -> None:
                                                "cut by `read_timeout` 1 s (line 7)")}},
                    config="mine.Caddyfile")
     text = markdown(Matrix([row], ["idle-cut"]))
-    assert text.splitlines()[0] == "| failure | proxy | your config | fixing directive |"
+    assert "| proxy | your config | fixing directive |" in text.splitlines()
     assert "cut by `read_timeout` 1 s (line 7)" in text
 
 
