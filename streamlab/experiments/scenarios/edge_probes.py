@@ -167,6 +167,7 @@ class Timed:
     error: str = ""
     total_s: float = 0.0
     content_encoding: str = ""
+    retried_after: str = ""  # the first try's error, when it was tried again
 
     @property
     def lump(self) -> bool:
@@ -190,6 +191,7 @@ class Timed:
             "done": self.done,
             "content_encoding": self.content_encoding or "none",
             "error": self.error,
+            **({"retried_after": self.retried_after} if self.retried_after else {}),
         }
 
 
@@ -230,6 +232,17 @@ async def timed_stream(url: str, body: dict[str, Any], *, gzip: bool = False,
     return timed
 
 
+async def timed_retried(url: str, body: dict[str, Any], *, gzip: bool = False) -> Timed:
+    """timed_stream, once more if the first try failed before a byte came (a
+    connection error, not what the probe looks at); the figures say so."""
+    timed = await timed_stream(url, body, gzip=gzip)
+    if timed.error and timed.first_byte_s is None:
+        failed = timed.error
+        timed = await timed_stream(url, body, gzip=gzip)
+        timed.retried_after = failed
+    return timed
+
+
 def has_content(data: str) -> bool:
     """A chunk that carries text (not the role's opening chunk, nor the finish)."""
     try:
@@ -248,13 +261,13 @@ def stream_body(**extra: Any) -> dict[str, Any]:
 
 
 async def buffering(ctx: ProbeContext, form: Form) -> Cell:
-    timed = await timed_stream(ctx.completions(path_of(ctx, "buffering", form)), stream_body())
+    timed = await timed_retried(ctx.completions(path_of(ctx, "buffering", form)), stream_body())
     return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
 
 
 async def compression(ctx: ProbeContext, form: Form) -> Cell:
-    timed = await timed_stream(ctx.completions(path_of(ctx, "compression", form)),
-                               stream_body(), gzip=True)
+    timed = await timed_retried(ctx.completions(path_of(ctx, "compression", form)),
+                                stream_body(), gzip=True)
     return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
 
 
@@ -263,7 +276,7 @@ async def headers_held(ctx: ProbeContext, form: Form) -> Cell:
     proxy that holds them until the first body byte makes a client's
     time-to-headers its time-to-first-token."""
     body = stream_body(prefill_ms=1500)
-    timed = await timed_stream(ctx.completions(path_of(ctx, "headers-held", form)), body)
+    timed = await timed_retried(ctx.completions(path_of(ctx, "headers-held", form)), body)
     first = timed.token_times[0] if timed.token_times else None
     held = (timed.headers_s is not None and first is not None
             and timed.headers_s >= 0.8 * first)
