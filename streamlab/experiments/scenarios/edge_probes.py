@@ -199,7 +199,7 @@ def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-async def timed_stream(url: str, body: dict[str, Any], *, gzip: bool = False,
+async def timed_stream(url: str, body: dict[str, JSON], *, gzip: bool = False,
                        read_timeout_s: float = 20.0) -> Timed:
     """One stream, timed on the client's clock: the headers, the first byte, each token.
     httpx decodes gzip, so a compressed stream's tokens are timed as they decode."""
@@ -232,7 +232,7 @@ async def timed_stream(url: str, body: dict[str, Any], *, gzip: bool = False,
     return timed
 
 
-async def timed_retried(url: str, body: dict[str, Any], *, gzip: bool = False) -> Timed:
+async def timed_retried(url: str, body: dict[str, JSON], *, gzip: bool = False) -> Timed:
     """timed_stream, once more if the first try failed before a byte came (a
     connection error, not what the probe looks at); the figures say so."""
     timed = await timed_stream(url, body, gzip=gzip)
@@ -254,7 +254,7 @@ def has_content(data: str) -> bool:
                and bool(c["delta"].get("content")) for c in choices or [])
 
 
-def stream_body(**extra: Any) -> dict[str, Any]:
+def stream_body(**extra: Any) -> dict[str, JSON]:
     pace: dict[str, Any] = {"prefill_ms": PREFILL_MS, "token_gap_ms": GAP_MS,
                             "answer_tokens": TOKENS, "heartbeat_s": 0, **extra}
     return chat_body("probe", **pace)
