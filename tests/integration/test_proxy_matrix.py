@@ -1,5 +1,5 @@
 """The proxy matrix's probes (streamlab/experiments/scenarios/edge_probes.py)
-against real labs: a representative slice, nginx and HAProxy x four fast
+against real labs: a representative slice, nginx and HAProxy x five fast
 probes, each shown breaking on the proxy's out-of-the-box form and passing on
 the streaming-ready one where the two differ, and a user config whose idle
 timeout cuts a pause reported with its directive. `make proxy-matrix` runs
@@ -21,14 +21,18 @@ pytestmark = [
     pytest.mark.local_only("each case starts a local lab of its own with another proxy"),
 ]
 
-SLICE = ("compression", "websocket", "client-address", "idle-cut")
+SLICE = ("compression", "websocket", "client-address", "idle-cut", "client-leaves")
 # What each probe measures, per proxy, out of the box and streaming-ready
 # (docs/proxy-matrix.md has the full run): True where the stream broke.
 EXPECTED: dict[str, dict[str, tuple[bool, bool]]] = {
     "nginx": {"compression": (True, False), "websocket": (True, False),
-              "client-address": (True, False), "idle-cut": (True, False)},
+              "client-address": (True, False), "idle-cut": (True, False),
+              "client-leaves": (True, False)},
+    # HAProxy's `/` has `option forwardfor` and `option abortonclose`, its
+    # bare `/buffered/` neither.
     "haproxy": {"compression": (False, False), "websocket": (False, False),
-                "client-address": (True, False), "idle-cut": (True, False)},
+                "client-address": (True, False), "idle-cut": (True, False),
+                "client-leaves": (True, False)},
 }
 
 

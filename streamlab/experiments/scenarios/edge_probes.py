@@ -707,7 +707,7 @@ FIXES: dict[str, dict[str, str]] = {
     "reload": {
         "nginx": "worker_shutdown_timeout longer than a stream",
         "haproxy": "hard-stop-after longer than a stream (reload: -W, kill -USR2)",
-        "caddy": "grace_period longer than a stream",
+        "caddy": "none needed: its reload kept every stream, even at grace_period 1s",
         "traefik": "none needed: a file-provider reload keeps connections "
                    "(lifeCycle.graceTimeOut for a stop)",
     },
