@@ -370,6 +370,8 @@ def matrix_command(
         lambda line: console.print(line, highlight=False))
     if from_json is not None:
         matrix = edge_matrix.Matrix.from_json(json.loads(from_json.read_text()))
+        matrix.probes = [p for p in matrix.probes if not probe or p in probe]
+        matrix.rows = [r for r in matrix.rows if not proxy or r.proxy in proxy]
     else:
         matrix = asyncio.run(edge_matrix.run_matrix(proxies, probes, user_config=proxy_config,
                                                     say=say))
@@ -399,8 +401,9 @@ def print_matrix(matrix: Any) -> None:
 
     yours = any("yours" in row.forms for row in matrix.rows)
     table = Table("failure", "proxy", "your config" if yours else "out of the box",
-                  *(() if yours else ("streaming-ready",)), "fixing directive",
-                  title="proxy matrix", title_justify="left", show_lines=True)
+                  *(() if yours else ("ready",)), "fixing directive",
+                  title="proxy matrix (ready: the lab's streaming-ready config)",
+                  title_justify="left", show_lines=True)
     for failure, name, first, ready, fix in rows_for_table(matrix):
         def coloured(text: str) -> str:
             colour = "red" if text.startswith("broken") else "green" if text.startswith("ok") \

@@ -187,3 +187,14 @@ def test_a_user_config_needs_exactly_one_proxy(tmp_path: Path) -> None:
                     "--proxy-config", str(config))
     assert result.exit_code == 2
     assert "exactly one --proxy" in result.output
+
+
+def test_a_saved_matrix_renders_without_running_anything(tmp_path: Path) -> None:
+    saved = tmp_path / "matrix.json"
+    saved.write_text(json.dumps(sample().as_json()))
+    result = invoke("scenario", "matrix", "--from-json", str(saved), "--probe", "compression",
+                    "--proxy", "nginx", "--markdown")
+    assert "### compression" in result.output
+    assert "### ceiling" not in result.output
+    assert "| haproxy |" not in result.output
+    assert result.exit_code == 0  # the rows left are all measured
