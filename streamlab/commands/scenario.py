@@ -402,7 +402,8 @@ def print_matrix(matrix: Any) -> None:
     yours = any("yours" in row.forms for row in matrix.rows)
     table = Table("failure", "proxy", "your config" if yours else "out of the box",
                   *(() if yours else ("ready",)), "fixing directive",
-                  title="proxy matrix (ready: the lab's streaming-ready config)",
+                  title="proxy matrix" + ("" if yours else
+                                          " (ready: the lab's streaming-ready config)"),
                   title_justify="left", show_lines=True)
     for failure, name, first, ready, fix in rows_for_table(matrix):
         def coloured(text: str) -> str:

@@ -35,6 +35,7 @@ from streamlab.experiments.scenarios.edge_probes import (
     user_config_text,
 )
 from streamlab.experiments.scenarios.replica_lab import (
+    PORT_TRIES,
     SCALE_ENGINE_ENV,
     SCALE_GATEWAY_ENV,
     free_ports,
@@ -183,13 +184,21 @@ async def run_proxy(name: str, probes: Sequence[Probe], *, user_config: Path | N
                          proxy=name, proxy_config=user_config)
     lab = Lab(free_ports(options), options)
     say(f"{name}: starting a lab on edge port {lab.ports.edge_port} ({row.version})")
-    try:
-        await anyio.to_thread.run_sync(lab.up)
-    except (StartError, FileNotFoundError, OSError) as exc:
-        row.error = str(exc).splitlines()[0][:300]
-        say(f"{name}: the lab did not come up: {row.error}")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return row
+    for attempt in range(PORT_TRIES):
+        try:
+            await anyio.to_thread.run_sync(lab.up)  # stops what it started if it fails
+            break
+        except (StartError, FileNotFoundError, OSError) as exc:
+            # Free when checked, taken before the lab bound it (other labs on
+            # this machine pick ports in the same range): other ports.
+            if "in use" in str(exc) and attempt < PORT_TRIES - 1:
+                lab = Lab(free_ports(options), options)
+                say(f"{name}: a port was taken meanwhile; again on {lab.ports.edge_port}")
+                continue
+            row.error = str(exc).splitlines()[0][:300]
+            say(f"{name}: the lab did not come up: {row.error}")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            return row
     try:
         ctx = ProbeContext(lab, name, user_config_text(lab))
         for probe in probes:
