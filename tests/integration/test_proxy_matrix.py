@@ -1,8 +1,9 @@
 """The proxy matrix's probes (streamlab/experiments/scenarios/edge_probes.py)
 against real labs: a representative slice, nginx and HAProxy x five fast
 probes, each shown breaking on the proxy's out-of-the-box form and passing on
-the streaming-ready one where the two differ, and a user config whose idle
-timeout cuts a pause reported with its directive. `make proxy-matrix` runs
+the streaming-ready one where the two differ, a user config whose idle
+timeout cuts a pause reported with its directive, and nginx's reload, cut by
+a short hard stop and drained by the lab's config. `make proxy-matrix` runs
 the whole matrix (docs/proxy-matrix.md).
 """
 
@@ -105,3 +106,19 @@ backend app
     matrix = await run_matrix(["haproxy"], [get_probe("idle-cut")], user_config=config,
                               say=lambda line: None)
     assert matrix.rows[0].cells["idle-cut"]["yours"].broken is False
+
+
+async def test_a_reload_with_a_short_hard_stop_cuts_the_streams_the_lab_config_drains() -> None:
+    """nginx's reload probe: the lab's config (worker_shutdown_timeout 30s)
+    keeps every live stream across `kill -HUP`; the same reload with the bound
+    at 1 s, its broken form, cuts them all; the config is restored after."""
+    require_installed("nginx")
+    matrix = await run_matrix(["nginx"], [get_probe("reload")], say=lambda line: None)
+    ready = matrix.rows[0].cells["reload"]["ready"]
+    assert ready.broken is False, ready
+    assert ready.figures["whole"] == ready.figures["streams"]
+    assert ready.figures["hard_stop_1s_cut"] == ready.figures["streams"]
+    # nginx's own default (no bound) drains as well: the old worker goes as the streams end.
+    default = matrix.rows[0].cells["reload"]["default"]
+    assert default.broken is False, default
+    assert default.figures["old_workers_gone_after_s"] is not None
