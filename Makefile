@@ -98,3 +98,12 @@ compose-config:
 
 clean: down
 	rm -rf .run .mypy_cache .ruff_cache .pytest_cache
+
+# Every edge proxy x every edge probe (docs/proxy-matrix.md, ~10 min): the
+# result into docs/results/, then its table, to paste into the page.
+.PHONY: proxy-matrix
+proxy-matrix: install
+	@for proxy in haproxy caddy traefik; do bash scripts/install_proxies.sh $$proxy; done
+	$(BIN)/streamlab scenario matrix --json --plot docs/results/proxy-matrix.png \
+		> docs/results/proxy-matrix.json
+	$(BIN)/streamlab scenario matrix --from-json docs/results/proxy-matrix.json --markdown
