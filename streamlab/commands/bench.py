@@ -320,3 +320,45 @@ def load(
         report = bench_load(target, streams=streams, rate=rate, duration_s=duration_s,
                             tokens=tokens, gap_ms=gap_ms, heartbeat_s=heartbeat_s)
     _render(report, as_json=as_json)
+
+
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="CPU per stream set-up and per paced token, per process.")
+def setup(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    streams: Annotated[int, typer.Option(min=1, help="Two-token streams in the set-up cell.")
+                       ] = 1000,
+    rate: Annotated[float, typer.Option(min=0.1, help="Set-up streams opened per second "
+                                                      "(evenly spaced).")] = 100.0,
+    paced: Annotated[str, typer.Option(help="Paced cell: streams,tokens,step_ms (mind the "
+                                            "per-client cap); 'none' skips it.")
+                     ] = "60,200,20",
+    idle_s: Annotated[float, typer.Option(min=0.5, help="Idle baseline, seconds.")] = 3.0,
+    quick: Annotated[bool, typer.Option(help="Small and fast: 100 streams at 50/s, paced "
+                                             "10 x 50 (a smoke run, not a figure).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """CPU each process (gateway, engine, Toxiproxy, edge proxy, the client) spends per
+    stream set-up (N two-token streams) and per paced token, idle taken off, against
+    the set-up targets (gateway <= 1.0 ms, engine <= 0.3 ms per stream)."""
+    from streamlab.experiments.bench.setup_cost import QUICK_PACED, QUICK_RATE, QUICK_STREAMS
+    from streamlab.experiments.bench.setup_cost import bench_setup as run
+
+    shape: tuple[int, int, int] | None = None
+    if paced.strip().lower() != "none":
+        try:
+            count, tokens, step_ms = (int(x) for x in paced.split(","))
+        except ValueError:
+            raise typer.BadParameter(f"--paced {paced!r}: streams,tokens,step_ms or none"
+                                     ) from None
+        shape = (count, tokens, step_ms)
+    if quick:
+        streams, rate, shape = QUICK_STREAMS, QUICK_RATE, QUICK_PACED if shape else None
+        idle_s = min(idle_s, 1.0)
+    lab = reach(run_dir)
+    with experiment_exits(), _progress() as progress:
+        task = progress.add_task("starting", total=None)
+        report = run(lab, streams=streams, rate=rate, paced=shape, idle_s=idle_s,
+                     on_step=lambda step: progress.update(task, description=step))
+    # The targets are figures to read (a missed one is the finding): exit 0 on them.
+    _render(report, as_json=as_json, verdict=False)
