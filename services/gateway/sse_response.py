@@ -21,11 +21,13 @@ timeout are sse-starlette's own (the class still is an EventSourceResponse).
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import AppStatus, SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
@@ -82,6 +84,23 @@ class SendWatchdog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+log = logging.getLogger("streamlab.gateway")
+
+# The line separator of every event this module sends.
+SEP = "\n"
+
+
+class LastChunk(bytes):
+    """A stream's last events, encoded: the response sends them with the end of
+    the body in one write (one chunk, one syscall, one read for every hop in
+    front) instead of an event at a time and then the empty end. Nothing the
+    body yields after it is sent."""
+
+
+def last_events(*events: ServerSentEvent) -> LastChunk:
+    return LastChunk(b"".join(ensure_bytes(event, SEP) for event in events))
 
 
 def _server_exiting() -> bool:
@@ -159,6 +178,42 @@ class GuardedEventSourceResponse(EventSourceResponse):
             await send(message)
         else:
             await self._watchdog.send(send, message)
+
+    async def _stream_response(self, send: Send) -> None:
+        """sse-starlette's, but a `LastChunk` ends the body in the same send."""
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        finished = False
+        async for data in self.body_iterator:
+            if finished:
+                continue  # the body has ended: nothing may follow its last chunk
+            try:
+                if isinstance(data, LastChunk):
+                    # Under the lock, with `active` off: no heartbeat after the end.
+                    async with self._send_lock:
+                        self.active = False
+                        await self._send_with_timeout(send, {
+                            "type": "http.response.body", "body": bytes(data),
+                            "more_body": False})
+                    finished = True
+                    continue
+                await self._send_with_timeout(send, {
+                    "type": "http.response.body", "body": ensure_bytes(data, self.sep),
+                    "more_body": True})
+            except BaseException:
+                # As sse-starlette: the generator is parked at its yield; close it
+                # so its cleanup runs before the error escapes.
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    try:
+                        await aclose()
+                    except Exception:
+                        log.exception("closing the body after a failed send")
+                raise
+        if not finished:
+            async with self._send_lock:
+                self.active = False
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -238,7 +293,7 @@ def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         ping=heartbeat_s,
         ping_message_factory=ping,
-        sep="\n",
+        sep=SEP,
         # A reader that accepts no bytes for this long is cut (and what it holds
         # released) instead of pinning an engine slot forever.
         send_timeout=settings.send_timeout_s,
