@@ -44,7 +44,8 @@ def test_bench_setup_reports_cpu_per_stream_and_per_token_for_every_process(
     for name in PROCESSES:
         for figure in (f"setup_ms_{name}", f"paced_us_{name}"):
             value = figures[figure]
-            assert isinstance(value, int | float) and value > 0, (figure, value)
+            assert isinstance(value, int | float), (figure, value)
+            assert value > 0, (figure, value)
     checks = {c["figure"]: c for c in report["checks"]}
     assert {"completed", "setup_ms_gateway", "setup_ms_engine", "paced_completed"} <= set(checks)
     assert checks["setup_ms_gateway"]["measured"] == figures["setup_ms_gateway"]

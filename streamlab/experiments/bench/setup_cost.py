@@ -4,9 +4,10 @@ and what a paced token costs them, as CPU per stream and per token.
     idle      each process's CPU over a quiet spell (keepalive pings, timers,
               metrics threads): a rate, subtracted from every cell below
     set-up    N short streams (default 1,000 two-token streams, evenly spaced
-              at 100 a second) through the full chain: (CPU - idle) / streams,
-              in ms, per process. Two tokens and no gap, so nearly all of it is
-              the stream's set-up and teardown, not its tokens
+              at 100 a second, in waves of half a second's worth) through the
+              full chain: (CPU - idle) / streams, in ms, per process. Two tokens
+              and no gap, so nearly all of it is the stream's set-up and
+              teardown, not its tokens
     paced     S streams x T tokens at a 20 ms step: (CPU - idle - S x set-up)
               / tokens, in µs, per process (set-up taken out, so it is the
               per-token part alone)
@@ -195,6 +196,47 @@ def _cell(meters: Meters, idle: dict[str, float | None], host: str, port: int,
                     os.getloadavg())
 
 
+WAVE_S = 0.5
+
+
+def merge(waves: list[LoadResult]) -> LoadResult:
+    """The waves as one result: counts summed; TTFT p50 the waves' median, p99
+    their worst (each wave's own quantiles are all that is kept)."""
+    out = LoadResult(streams=sum(w.streams for w in waves))
+    for wave in waves:
+        out.completed += wave.completed
+        out.tokens += wave.tokens
+        out.wall_s += wave.wall_s
+        for key, count in wave.errors.items():
+            out.errors[key] = out.errors.get(key, 0) + count
+    cpu = [w.client_cpu_ms for w in waves]
+    out.client_cpu_ms = None if any(c is None for c in cpu) else sum(c or 0.0 for c in cpu)
+    p50s = sorted(w.ttft_ms["p50"] for w in waves if "p50" in w.ttft_ms)
+    p99s = [w.ttft_ms["p99"] for w in waves if "p99" in w.ttft_ms]
+    if p50s:
+        out.ttft_ms = {"p50": p50s[len(p50s) // 2], "p99": max(p99s)}
+    return out
+
+
+def _setup_cell(meters: Meters, idle: dict[str, float | None], host: str, port: int,
+                body: Mapping[str, object], streams: int, rate: float) -> CellCost:
+    """`streams` in waves of half a second's worth at `rate`, each wave waited
+    for: at most `rate / 2` streams open at once however slow the machine is, so
+    a loaded machine slows the cell down instead of piling streams up past the
+    gateway's per-client cap (refusals would cost CPU for no stream)."""
+    per_wave = max(1, round(rate * WAVE_S))
+    waves: list[LoadResult] = []
+    before, started = meters.read(), time.monotonic()
+    for first in range(0, streams, per_wave):
+        count = min(per_wave, streams - first)
+        waves.append(asyncio.run(run_load(
+            host, port, "/v1/chat/completions", body, streams=count,
+            ramp_s=count / rate, timeout_s=30)))
+    after, wall_s = meters.read(), time.monotonic() - started
+    return CellCost(merge(waves), _minus_idle(meters.ms_between(before, after), idle, wall_s),
+                    os.getloadavg())
+
+
 # Each process's CPU by pid.
 NEEDS = frozenset({Capability.PIDS})
 
@@ -223,8 +265,7 @@ def run_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = D
     # The client is this process: idle it is asleep, so no rate to take off.
     idle["client"] = 0.0
     on_step(f"set-up: {streams} streams at {rate:g}/s")
-    setup = _cell(meters, idle, host, port, short, streams, streams / rate,
-                  timeout_s=30 + streams / rate * 3)
+    setup = _setup_cell(meters, idle, host, port, short, streams, rate)
     paced_cell = None
     if paced is not None:
         count, tokens, step_ms = paced

@@ -11,6 +11,7 @@ from streamlab.experiments.bench.setup_cost import (
     SETUP_TARGET_MS,
     CellCost,
     SetupRun,
+    merge,
     setup_report,
 )
 
@@ -79,3 +80,19 @@ def test_lost_streams_fail_and_a_run_without_completions_has_no_figure() -> None
     assert empty.figures["setup_ms_gateway"] is None
     assert "paced_us_gateway" not in empty.figures
     assert not {r.check.figure: r.holds for r in empty.checks}["setup_ms_gateway"]
+
+
+def test_the_set_up_waves_merge_into_one_result() -> None:
+    waves = [LoadResult(streams=50, completed=50, tokens=100, client_cpu_ms=10.0,
+                        ttft_ms={"p50": 5.0, "p90": 6.0, "p99": 9.0}),
+             LoadResult(streams=50, completed=48, tokens=96, client_cpu_ms=12.0,
+                        errors={"HTTP 429": 2}, ttft_ms={"p50": 7.0, "p90": 8.0, "p99": 30.0}),
+             LoadResult(streams=20, completed=20, tokens=40, client_cpu_ms=4.0,
+                        ttft_ms={"p50": 6.0, "p90": 7.0, "p99": 8.0})]
+    merged = merge(waves)
+    assert (merged.streams, merged.completed, merged.tokens) == (120, 118, 236)
+    assert merged.errors == {"HTTP 429": 2}
+    assert merged.client_cpu_ms == 26.0
+    assert merged.ttft_ms == {"p50": 6.0, "p99": 30.0}
+    waves[1].client_cpu_ms = None  # one wave's CPU unread: the sum would be a guess
+    assert merge(waves).client_cpu_ms is None
