@@ -265,12 +265,17 @@ def scale(
                                                           "0 skips the cell.")] = 5000,
     slow_tokens: Annotated[int, typer.Option(min=2, help="Cell c: tokens per slow stream "
                                                          "(one a second).")] = 20,
-    skip_cadence: Annotated[bool, typer.Option(help="Run only cell c.")] = False,
+    skip_cadence: Annotated[bool, typer.Option(help="Run only cell c (and d).")] = False,
+    setup_streams: Annotated[int, typer.Option(min=0, help="Cell d: two-token streams at "
+                                                           "100/s for CPU per stream set-up "
+                                                           "(as `bench setup`); 0 skips it.")
+                             ] = 1000,
 ) -> None:
     """N paced streams through the full chain: inter-chunk p50/p99 and TTFT p99 as N grows,
     the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
-    heartbeat lateness, open files per process."""
+    heartbeat lateness, open files per process. First (cell d) the CPU each process spends
+    per stream set-up, as `bench setup` measures it."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
 
     lab = reach(run_dir)
@@ -288,7 +293,7 @@ def scale(
             lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
             step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
             entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
-            cadence=not skip_cadence, on_cell=on_cell,
+            cadence=not skip_cadence, setup_streams=setup_streams, on_cell=on_cell,
             on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
                                       "tokens each ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
