@@ -3,9 +3,10 @@ cancellation on a running lab.
 
 Every bench exits 0 when its checks held, 1 when one did not (or it crashed),
 2 on a usage error or a lab without a capability it needs, 3 when the lab is
-unreachable (commands/exits.py). Two benches measure against targets rather
-than judge a run: `relay` (performance targets) and `scale` (a sweep meant to
-cross its cadence target): they show a missed target and exit 0."""
+unreachable (commands/exits.py). Three benches measure against targets rather
+than judge a run: `relay` (performance targets), `scale` (a sweep meant to
+cross its cadence target) and `setup` (CPU per stream set-up): they show a
+missed target and exit 0."""
 
 from __future__ import annotations
 
