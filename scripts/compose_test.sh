@@ -45,10 +45,11 @@ case "$PROXY" in
     if [ "${STREAMLAB_COMPOSE_REPLICAS:-0}" = 1 ]; then
       echo "STREAMLAB_COMPOSE_PROXY=$PROXY stands in front of one gateway; the replicas'" \
            "lab (STREAMLAB_COMPOSE_REPLICAS=1) needs nginx" >&2
-      exit 2
+      rm -rf "$RUN_DIR"; exit 2
     fi
     COMPOSE_FILES+=(-f "compose.$PROXY.yaml") ;;
-  *) echo "STREAMLAB_COMPOSE_PROXY=$PROXY: one of nginx haproxy caddy traefik" >&2; exit 2 ;;
+  *) echo "STREAMLAB_COMPOSE_PROXY=$PROXY: one of nginx haproxy caddy traefik" >&2
+     rm -rf "$RUN_DIR"; exit 2 ;;
 esac
 export STREAMLAB_COMPOSE_PROXY="$PROXY"
 # What pytest runs (default: the whole integration suite).

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from streamlab.lab import compose_config
-from streamlab.lab.compose import ComposeSettings
+from streamlab.lab.compose import ComposeLab, ComposeSettings
 from streamlab.lab.proxies import edge_proxy
 from streamlab.lab.topology import REPO_ROOT
 from tests.unit.streamlab.lab.test_compose_profiles import compose_cli, interpolate, lab_env
@@ -231,3 +231,12 @@ def test_the_health_script_asks_the_path_it_is_given(health_server: int) -> None
     assert check("/haproxy-health") == 0
     assert check("/caddy-health") != 0
     assert check() != 0  # nginx's /nginx-health by default: not this server's
+
+
+def test_the_compose_lab_probes_its_proxys_own_health_answer(health_server: int) -> None:
+    """ComposeLab's readiness for the `nginx` service asks the proxy it was told
+    of: nginx's /nginx-health would reach the gateway (a 404) through another."""
+    ports = compose_config.container_ports().model_copy(update={"nginx_port": health_server})
+    assert ComposeLab(ports, ComposeSettings(proxy="haproxy")).probes()["nginx"]()
+    assert not ComposeLab(ports, ComposeSettings(proxy="nginx")).probes()["nginx"]()
+    assert ComposeLab(ports, ComposeSettings(proxy="caddy")).edge_proxy == "caddy"
