@@ -215,6 +215,17 @@ async def test_streaming_location_passes_tokens_one_by_one(
     assert streamed(result), (result.ttft_s, result.token_times, result.total_s)
 
 
+async def test_any_host_name_reaches_the_gateway(proxy_lab: Lab, http: httpx.AsyncClient) -> None:
+    """A client that names the lab `localhost` (or any other name) is proxied
+    like one that names 127.0.0.1: a host in a proxy's listen address must not
+    turn into a Host matcher (Caddy's site address did: an empty 200)."""
+    port = proxy_lab.edge_url.rsplit(":", 1)[1]
+    response = await http.get(f"{proxy_lab.edge_url}/v1/models",
+                              headers={"Host": f"localhost:{port}"})
+    assert response.status_code == 200, response.text
+    assert response.json()["data"], response.text
+
+
 async def test_out_of_the_box_location(proxy_lab: Lab, http: httpx.AsyncClient) -> None:
     """`/buffered/`: the proxy with its defaults. Whether it holds the stream
     back is measured, per proxy (BUFFERS_OUT_OF_THE_BOX)."""

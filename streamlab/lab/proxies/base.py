@@ -10,6 +10,9 @@ addresses through placeholders in the proxy's own templating (docs/proxies.md):
 the lab sets these environment variables for the check and the process.
 
     STREAMLAB_LISTEN               host:port the proxy listens on
+    STREAMLAB_LISTEN_HOST          its host part alone (Caddy binds it: a host in
+                                   a Caddy site address is also a Host matcher)
+    STREAMLAB_LISTEN_PORT          its port part alone
     STREAMLAB_UPSTREAM             host:port of the upstream hop (the gateway)
     STREAMLAB_READ_TIMEOUT         the streaming-ready location's idle timeout ("60000ms")
     STREAMLAB_SHORT_READ_TIMEOUT   /short-timeout/'s idle timeout ("2000ms")
@@ -65,6 +68,8 @@ class ProxySetup:
         unit HAProxy, Caddy and Traefik all read as a duration."""
         return {
             "STREAMLAB_LISTEN": self.listen,
+            "STREAMLAB_LISTEN_HOST": self.ports.host,
+            "STREAMLAB_LISTEN_PORT": str(self.ports.nginx_port),
             "STREAMLAB_UPSTREAM": self.upstream,
             "STREAMLAB_READ_TIMEOUT": f"{round(self.read_timeout_s * 1000)}ms",
             "STREAMLAB_SHORT_READ_TIMEOUT": f"{round(self.short_read_timeout_s * 1000)}ms",
