@@ -68,7 +68,8 @@ class ProxySetup:
         unit HAProxy, Caddy and Traefik all read as a duration."""
         return {
             "STREAMLAB_LISTEN": self.listen,
-            "STREAMLAB_LISTEN_HOST": self.ports.host,
+            # No host (compose: every interface of the container) binds them all.
+            "STREAMLAB_LISTEN_HOST": self.ports.host or "0.0.0.0",
             "STREAMLAB_LISTEN_PORT": str(self.ports.nginx_port),
             "STREAMLAB_UPSTREAM": self.upstream,
             "STREAMLAB_READ_TIMEOUT": f"{round(self.read_timeout_s * 1000)}ms",

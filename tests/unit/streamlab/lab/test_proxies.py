@@ -44,7 +44,8 @@ def test_every_template_placeholder_is_one_the_lab_sets(name: str, tmp_path: Pat
     used = set(re.findall(STYLES[name], text))
     # Traefik's listener is its command line (the static config), not the file.
     assert {"STREAMLAB_UPSTREAM"} <= used
-    assert ("STREAMLAB_LISTEN" in used) != (name == "traefik")
+    listens = bool(used & {"STREAMLAB_LISTEN", "STREAMLAB_LISTEN_PORT"})
+    assert listens != (name == "traefik")
     assert used <= set(proxy.environment(setup(tmp_path))), used
 
 
