@@ -277,6 +277,10 @@ class RedisStore(ResumeStore):
         self.metrics = self.memory.metrics
         self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
                                       self._on_command, self.store_metrics.store_failed)
+        # replica -> (when asked, its alive key's value): every quiet reader of
+        # a lost owner's streams asks the same question each poll; one answer
+        # per poll interval serves them all (hundreds of GETs a second fewer).
+        self._alive_seen: dict[str, tuple[float, str | None]] = {}
         self._mirrors: set[LogMirror] = set()
         self._end_orphan = self.redis.register_script(END_ORPHAN)
         self._claim = self.redis.register_script(CLAIM)
@@ -312,7 +316,6 @@ class RedisStore(ResumeStore):
             await stream.mirror.write_meta()
         except STORE_ERRORS as exc:
             self.store_metrics.write_failures.inc()
-            self.store_metrics.store_failed()
             stream.cancel("resume_store_unavailable")
             raise store_unavailable(self.settings.retry_after_s) from exc
         self._start_mirror(stream)
@@ -371,7 +374,6 @@ class RedisStore(ResumeStore):
                 first = await first_seq(self.redis, keys, meta.last_seq)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         if meta.owner not in (None, owner):
             raise unknown(stream_id)
@@ -401,7 +403,6 @@ class RedisStore(ResumeStore):
                 attaches = await self._attaches(keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return {"id": found.id, "state": meta.state.value, "cancel_reason": meta.cancel_reason,
                 # readers elsewhere; the owner's own readers are in its own answer
@@ -443,11 +444,18 @@ class RedisStore(ResumeStore):
         keys = stream_keys(KEY_PREFIX, found.id)
         presence = Presence(self.redis, keys, self.settings.replica_id,
                             self.settings.redis_follower_ttl_s)
+        def local_after(stream_id: str, cursor: int) -> AsyncIterator[ServerSentEvent] | None:
+            stream = self.local(stream_id)
+            if stream is None or not stream.log.first_seq <= cursor + 1 <= stream.log.last_seq + 1:
+                return None
+            return follow_local(stream, cursor, record)
+
         events = tail(self.tail_redis, keys, found.id, after=after, retry_ms=found.retry_ms,
                       presence=presence, block_s=self.block_s,
                       timeout_s=self.settings.redis_timeout_s,
                       retry_after_s=self.settings.retry_after_s, metrics=self.store_metrics,
-                      owner_gone=self._owner_gone)
+                      owner_gone=self._owner_gone, local_after=local_after,
+                      retryable=self.settings.resume_transient == "retry")
         if found.ended or found.owner_replica is None:
             return events
         return self._announced(found.id, found.owner_replica, events)
@@ -482,7 +490,6 @@ class RedisStore(ResumeStore):
                 await self._wait_ended(keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return await self.status(found)
 
@@ -507,15 +514,19 @@ class RedisStore(ResumeStore):
         event instead of pings forever. False: the owner is there, or another
         replica won the stream."""
         if meta.replica != RELEASED:
-            alive = await self.redis.get(replica_key(KEY_PREFIX, meta.replica))
+            alive = await self._alive(meta.replica)
             if alive is not None and meta.incarnation in ("", alive):
                 return False  # it runs (a restarted one under its name does not count)
             if self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
-                # This replica could not reach the store a moment ago either:
-                # the owner's key most likely expired in the same outage, not
-                # with the owner. Taking over now would be split-brain (the
-                # owner still runs the call, store-faults ended live streams
-                # `error`). Judge again once the owner had time to refresh it.
+                # This replica's own heartbeat could not reach the store a
+                # moment ago either: the owner's key most likely expired in the
+                # same outage, not with the owner. Judge again once the owner
+                # had time to refresh it. Only the heartbeat counts here (the
+                # control channel's, once a second), never a reader's call that
+                # timed out: under a reconnect storm of hundreds of readers such
+                # timeouts came every second, each one put the take-over off by
+                # this window again, and the lost owner's generations outlived
+                # the engine's orphan grace (`owner_lost`).
                 return False
         if self._gateway is not None and self._gateway.drain.draining:
             # Taken over here, it would be cancelled (`gateway_shutdown`) when
@@ -539,6 +550,18 @@ class RedisStore(ResumeStore):
             self.store_metrics.takeovers.labels("owner_lost").inc()
             await self._end_orphaned(keys, meta, "owner_lost", cursor)
         return True
+
+    async def _alive(self, replica: str) -> str | None:
+        """A replica's alive key, asked at most once per poll interval."""
+        now = time.monotonic()
+        seen = self._alive_seen.get(replica)
+        if seen is not None and now - seen[0] < self.block_s:
+            return seen[1]
+        alive: str | None = await self.redis.get(replica_key(KEY_PREFIX, replica))
+        if len(self._alive_seen) > 1000:
+            self._alive_seen.clear()
+        self._alive_seen[replica] = (now, alive)
+        return alive
 
     async def _adopt(self, stream_id: str, meta: StreamMeta, last_seq: int) -> None:
         """Own a stream claimed from a lost replica: re-attach to its generation
