@@ -36,6 +36,7 @@ FAMILIES = (
     "store_faults",
     "rolling_deploy",
     "replica_loss",
+    "transient_trouble",
 )
 
 _PACKAGE = "streamlab.experiments.scenarios."
