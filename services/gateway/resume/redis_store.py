@@ -244,6 +244,16 @@ class SharedStream(ResumableStream):
     async def _check(self, reason: str, epoch: int, remote_seen: bool) -> None:
         try:
             remote = await fresh_followers(self._store.redis, self.keys)
+            if not remote and not remote_seen and reason == "never_attached":
+                # Read on another replica whose "attached" never arrived (that
+                # replica was killed before it sent it, in a storm): its attach
+                # record is in the store. A reader came, so the grace applies.
+                remote_seen = bool(await self._store.redis.llen(self.keys.attaches))
+                if remote_seen:
+                    reason = "resume_grace_expired"
+                    self._timer = asyncio.get_running_loop().call_later(
+                        self.policy.grace_s, self._expire, reason, epoch, False)
+                    return
         except STORE_ERRORS:
             remote = 0  # no store: nobody elsewhere can be reading it
         if epoch != self._epoch or self.ended or self.followers > 0:
