@@ -104,7 +104,8 @@ def whole(client: Client) -> bool:
 
 async def owner_killed_storm(target: LabTarget, setup: Setup, timing: Timing) -> Figures:
     reattach = bool(setup.knobs["reattach"])
-    n = timing.streams or CATALOGUE_STREAMS
+    # The suite's smaller storm (storm_streams) when it asks for one.
+    n = timing.streams or min(CATALOGUE_STREAMS, timing.storm_streams)
     async with private_lab(target, "owner-killed-storm", gateways=2, engines=2,
                            gateway_env=storm_env(reattach)) as lab:
         body = chat_body("owner killed mid-storm", prefill_ms=timing.prefill_ms,
