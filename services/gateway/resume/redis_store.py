@@ -59,7 +59,9 @@ from services.gateway.resume.redis_keys import (
     RELEASED,
     StreamKeys,
     StreamMeta,
+    owned_key,
     replica_key,
+    replicas_key,
     stream_keys,
 )
 from services.gateway.resume.redis_log import RETRY_MAX_S, STORE_ERRORS, LogMirror, StoreMetrics
@@ -82,6 +84,7 @@ from services.gateway.resume.streams import (
     StreamRegistry,
 )
 from services.gateway.settings import GatewaySettings
+from streamlab_protocol.generation import GenerationState
 
 if TYPE_CHECKING:
     from services.gateway.resume.ports import Gateway, Lease
@@ -131,6 +134,10 @@ return ttl
 # outage), plus the owner's control loop getting back (its reconnect backoff
 # and one poll) to refresh it.
 OWNER_SILENCE_AFTER_OUTAGE_S = ALIVE_TTL_S + RETRY_MAX_S + CONTROL_POLL_S
+# How often a replica looks for lost owners (RedisStore._sweep), and how many
+# of a lost owner's streams it takes over at once.
+SWEEP_S = 1.0
+TAKEOVER_CONCURRENCY = 32
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
 
@@ -200,10 +207,17 @@ class SharedStream(ResumableStream):
         self.mirror.abandon()
         self._step_aside("superseded")
 
+    def _end(self, state: GenerationState, kind: str, payload: dict[str, Any]) -> None:
+        ended = self.ended
+        super()._end(state, kind, payload)
+        if not ended:
+            self._store.disown(self.id)
+
     def _step_aside(self, outcome: str) -> None:
         """This replica no longer runs the stream (its log writer was told how
         to stop): no explicit Cancel, since the generation is, or will be,
         another replica's; and its readers end with `retry:`."""
+        self._store.disown(self.id)
         self._handed_off = True
         self._disarm()
         self._lease.abandon_call()
@@ -297,6 +311,9 @@ class RedisStore(ResumeStore):
         self._record_attach = self.redis.register_script(RECORD_ATTACH)
         self._attach_writes: set[asyncio.Task[None]] = set()
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
+        self._sweeper: asyncio.Task[None] | None = None
+        self._owned_key = owned_key(KEY_PREFIX, settings.replica_id)
+        self._owned_ttl_ms = int((settings.max_stream_duration_s + settings.resume_ttl_s) * 1000)
 
     @property
     def detachable_generations(self) -> bool:  # type: ignore[override]
@@ -309,6 +326,8 @@ class RedisStore(ResumeStore):
     async def open(self, gateway: Gateway) -> None:
         self._gateway = gateway
         self.control.start()
+        self._sweeper = asyncio.get_running_loop().create_task(
+            self._sweep_forever(), name="resume-takeover-sweep")
 
     def ensure_capacity(self) -> None:
         self.memory.ensure_capacity()
@@ -329,6 +348,7 @@ class RedisStore(ResumeStore):
             stream.cancel("resume_store_unavailable")
             raise store_unavailable(self.settings.retry_after_s) from exc
         self._start_mirror(stream)
+        await self._own(stream_id)
         return stream.policy
 
     def _start_mirror(self, stream: SharedStream) -> None:
@@ -523,6 +543,10 @@ class RedisStore(ResumeStore):
         holds it), end the stream `owner_lost`, so the reader gets a terminal
         event instead of pings forever. False: the owner is there, or another
         replica won the stream."""
+        if meta.replica == self.settings.replica_id and self.local(stream_id) is not None:
+            # Taken over here (by the sweep, or another reader): the reader
+            # follows this replica's memory from now on.
+            return True
         if meta.replica != RELEASED:
             alive = await self._alive(meta.replica)
             if alive is not None and meta.incarnation in ("", alive):
@@ -543,6 +567,13 @@ class RedisStore(ResumeStore):
             # this replica exits: rolling-deploy lost streams so. Let the reader
             # move to a replica that stays; that one takes it over.
             raise ReaderMustMove
+        return await self._take_over(stream_id, keys, meta, cursor)
+
+    async def _take_over(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                         cursor: int) -> bool:
+        """The owner is gone: claim the stream and re-attach to its generation
+        (or, when that cannot be, end it `owner_lost`). False: another
+        replica took it first, or it ended meanwhile."""
         if not self.settings.reattach or self._gateway is None:
             await self._end_orphaned(keys, meta, "owner_lost", cursor)
             return True
@@ -560,6 +591,74 @@ class RedisStore(ResumeStore):
             self.store_metrics.takeovers.labels("owner_lost").inc()
             await self._end_orphaned(keys, meta, "owner_lost", cursor)
         return True
+
+    # ---- the take-over sweep: a lost owner's streams, whether or not anyone reads ----
+    async def _own(self, stream_id: str) -> None:
+        """List the stream among this replica's (best effort: without it the
+        stream is still taken over, by its readers)."""
+        with contextlib.suppress(*STORE_ERRORS):
+            async with self._bounded(), self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(self._owned_key, stream_id)
+                pipe.pexpire(self._owned_key, self._owned_ttl_ms)
+                pipe.sadd(replicas_key(KEY_PREFIX), self.settings.replica_id)
+                await pipe.execute()
+
+    def disown(self, stream_id: str) -> None:
+        """It ended here, or another replica runs it now (in the background,
+        best effort: the sweep skips what is not running and owned by its owner)."""
+        async def remove() -> None:
+            with contextlib.suppress(*STORE_ERRORS):
+                async with self._bounded():
+                    await self.redis.srem(self._owned_key, stream_id)
+
+        with contextlib.suppress(RuntimeError):  # no loop left: the key expires
+            task = asyncio.get_running_loop().create_task(remove(), name=f"disown-{stream_id}")
+            self._attach_writes.add(task)
+            task.add_done_callback(self._attach_writes.discard)
+
+    async def _sweep_forever(self) -> None:
+        """Every SWEEP_S: is a replica that owns streams gone? Take all of its
+        streams over now, not when each one's reader comes back and looks (a
+        storm's readers come back over seconds, their tails cost the store a
+        call each, and a lost owner's generations waited on them past the
+        engine's orphan grace). The bound is the alive key's expiry plus one
+        sweep, whatever the readers do (docs/resume.md)."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self._sweep()
+            except STORE_ERRORS as exc:
+                log.warning("take-over sweep failed (%s); again in %.1f s", exc, SWEEP_S)
+
+    async def _sweep(self) -> None:
+        if (not self.settings.reattach or self._gateway is None
+                or self._gateway.drain.draining
+                or self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S)):
+            return
+        async with asyncio.timeout(self.settings.redis_timeout_s):
+            replicas: set[str] = await self.redis.smembers(replicas_key(KEY_PREFIX))
+        for replica in sorted(replicas - {self.settings.replica_id}):
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                if await self.redis.get(replica_key(KEY_PREFIX, replica)) is not None:
+                    continue  # it runs
+                ids: set[str] = await self.redis.smembers(owned_key(KEY_PREFIX, replica))
+                if not ids:
+                    await self.redis.srem(replicas_key(KEY_PREFIX), replica)
+                    continue
+            log.warning("replica %r is gone; taking over its %d stream(s)", replica, len(ids))
+            limit = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+            await asyncio.gather(*(self._sweep_one(replica, i, limit) for i in ids),
+                                 return_exceptions=True)
+
+    async def _sweep_one(self, replica: str, stream_id: str, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            keys = stream_keys(KEY_PREFIX, stream_id)
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                meta = await read_meta(self.redis, keys)
+            if meta is not None and not meta.ended and meta.replica == replica:
+                await self._take_over(stream_id, keys, meta, meta.last_seq)
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                await self.redis.srem(owned_key(KEY_PREFIX, replica), stream_id)
 
     async def _alive(self, replica: str) -> str | None:
         """A replica's alive key, asked at most once per poll interval."""
@@ -602,6 +701,7 @@ class RedisStore(ResumeStore):
         assert isinstance(stream, SharedStream)
         stream.created_unix = meta.created
         self._start_mirror(stream)
+        await self._own(stream_id)
         self.store_metrics.takeovers.labels("reattached").inc()
         log.info("stream %s: took over from %r after token %s", stream_id,
                  meta.replica or "(handed off)", after_index)
@@ -626,6 +726,10 @@ class RedisStore(ResumeStore):
             await asyncio.sleep(0.005)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         await self.memory.close()  # cancels what runs here; the mirrors write the ends
         await asyncio.gather(*(m.stop(self.settings.redis_timeout_s) for m in self._mirrors),
                              return_exceptions=True)
