@@ -78,6 +78,8 @@ from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_st
 from services.gateway.resume.store import FoundStream, ResumeStore
 from services.gateway.resume.streams import (
     MAX_ATTACH_RECORDS,
+    REATTACH_BACKOFF_S,
+    REATTACH_WINDOW_S,
     Attach,
     ResumableStream,
     StreamPolicy,
@@ -138,6 +140,11 @@ OWNER_SILENCE_AFTER_OUTAGE_S = ALIVE_TTL_S + RETRY_MAX_S + CONTROL_POLL_S
 # of a lost owner's streams it takes over at once.
 SWEEP_S = 1.0
 TAKEOVER_CONCURRENCY = 32
+# One sweep step's bound: far above a store call's (REDIS_TIMEOUT_S), since
+# the sweep is background work nobody waits on, and on a loaded machine the
+# event loop of a gateway serving a storm lags by seconds: 1 s bounds fired
+# with the store healthy, sweep after sweep, while the orphans' grace ran out.
+SWEEP_TIMEOUT_S = 10.0
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
 
@@ -583,14 +590,23 @@ class RedisStore(ResumeStore):
                   self.control.incarnation]))
         if last_seq < 0:
             return False  # another replica took it first, or it ended meanwhile
-        try:
-            await self._adopt(stream_id, meta, last_seq)
-        except EngineError as exc:
-            log.warning("stream %s: owner %r lost and its generation cannot be re-attached "
-                        "(%s)", stream_id, meta.replica, exc.message)
-            self.store_metrics.takeovers.labels("owner_lost").inc()
-            await self._end_orphaned(keys, meta, "owner_lost", cursor)
-        return True
+        deadline = time.monotonic() + REATTACH_WINDOW_S
+        while True:
+            try:
+                await self._adopt(stream_id, meta, last_seq)
+            except EngineError as exc:
+                if exc.status_code in (503, 504) and time.monotonic() < deadline:
+                    # An engine that did not answer in time (a loaded one,
+                    # its hop down) may still hold the generation: a 404 is
+                    # the only "gone". Ending it `owner_lost` here lost
+                    # streams whose generation was there all along.
+                    await asyncio.sleep(REATTACH_BACKOFF_S)
+                    continue
+                log.warning("stream %s: owner %r lost and its generation cannot be "
+                            "re-attached (%s)", stream_id, meta.replica, exc.message)
+                self.store_metrics.takeovers.labels("owner_lost").inc()
+                await self._end_orphaned(keys, meta, "owner_lost", cursor)
+            return True
 
     # ---- the take-over sweep: a lost owner's streams, whether or not anyone reads ----
     async def _own(self, stream_id: str) -> None:
@@ -628,17 +644,17 @@ class RedisStore(ResumeStore):
             try:
                 await self._sweep()
             except STORE_ERRORS as exc:
-                log.warning("take-over sweep failed (%s); again in %.1f s", exc, SWEEP_S)
+                log.warning("take-over sweep failed (%r); again in %.1f s", exc, SWEEP_S)
 
     async def _sweep(self) -> None:
         if (not self.settings.reattach or self._gateway is None
                 or self._gateway.drain.draining
                 or self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S)):
             return
-        async with asyncio.timeout(self.settings.redis_timeout_s):
+        async with asyncio.timeout(SWEEP_TIMEOUT_S):
             replicas: set[str] = await self.redis.smembers(replicas_key(KEY_PREFIX))
         for replica in sorted(replicas - {self.settings.replica_id}):
-            async with asyncio.timeout(self.settings.redis_timeout_s):
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
                 if await self.redis.get(replica_key(KEY_PREFIX, replica)) is not None:
                     continue  # it runs
                 ids: set[str] = await self.redis.smembers(owned_key(KEY_PREFIX, replica))
@@ -653,11 +669,11 @@ class RedisStore(ResumeStore):
     async def _sweep_one(self, replica: str, stream_id: str, limit: asyncio.Semaphore) -> None:
         async with limit:
             keys = stream_keys(KEY_PREFIX, stream_id)
-            async with asyncio.timeout(self.settings.redis_timeout_s):
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
                 meta = await read_meta(self.redis, keys)
             if meta is not None and not meta.ended and meta.replica == replica:
                 await self._take_over(stream_id, keys, meta, meta.last_seq)
-            async with asyncio.timeout(self.settings.redis_timeout_s):
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
                 await self.redis.srem(owned_key(KEY_PREFIX, replica), stream_id)
 
     async def _alive(self, replica: str) -> str | None:
