@@ -19,6 +19,7 @@ engine finished the generation for nobody.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -34,7 +35,9 @@ from services.engine.backends.fake import token_text
 from streamlab.experiments.scenarios.replica_lab import free_ports
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
+from streamlab_protocol.sse import Event, SSEDecoder
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, TEST_SEND_TIMEOUT_S
+from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -164,3 +167,44 @@ async def test_an_engine_hop_blip_reattaches_and_the_reader_ends_whole(
     after = lab.engine_stats()
     assert after.generations_started - before.generations_started == 1, "one generation"
     assert after.generations_reattached - before.generations_reattached >= 1, "re-attached"
+
+
+async def test_a_killed_owners_stream_nobody_reads_is_taken_over_by_the_sweep(
+        lab: Lab) -> None:
+    """The owner SIGKILLed while its stream's client is away (no reader
+    anywhere): the other gateway's sweep takes the stream over within the
+    alive key's expiry plus a sweep, not when a reader happens to come back
+    and look; the client resuming later gets the rest exactly once. Without
+    the sweep nothing takes it over until a reader comes (and in a storm that
+    came after the engine's orphan grace: `owner_lost`)."""
+    owner, survivor = lab.url_of(OTHER), lab.url_of(OWNER)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=5.0)) as client:
+        created = await create_stream(client, owner, {**body(), "streamlab": {
+            "prefill_ms": 10, "token_gap_ms": 200, "answer_tokens": TOKENS}})
+        first: list[int] = []  # the token indexes read before the client went away
+        decoder = SSEDecoder()
+        async with client.stream("GET", f"{owner}{created['events_url']}") as response:
+            async for chunk in response.aiter_bytes():
+                first += [json.loads(e.data)["index"] for e in decoder.feed(chunk)
+                          if isinstance(e, Event) and e.event == "token"]
+                if len(first) >= FAULT_AFTER_TOKENS:
+                    break
+        taken_from = (await client.get(f"{survivor}/v1/streams/{created['id']}")).json()
+        await anyio.to_thread.run_sync(lab.kill_service, OTHER)
+        try:
+            killed_at = time.monotonic()
+
+            async def taken_over() -> bool:
+                status = (await client.get(f"{survivor}/v1/streams/{created['id']}")).json()
+                return bool(status["replica"] != taken_from["replica"])
+
+            await wait_until_async(taken_over, timeout_s=15.0, interval_s=0.1,
+                                   what="the survivor's sweep taking the stream over")
+            print(f"\ntaken over {time.monotonic() - killed_at:.2f} s after the kill, "
+                  "nobody reading")
+            rest = await follow_stream(client, survivor, created,
+                                       last_event_id=f"{created['id']}:{len(first)}")
+        finally:
+            await anyio.to_thread.run_sync(lab.start_service, OTHER)
+    assert rest.terminal == "done", (rest.terminal, rest.terminal_data)
+    assert first + rest.indexes == list(range(TOKENS)), "each token once"
