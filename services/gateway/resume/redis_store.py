@@ -139,7 +139,7 @@ OWNER_SILENCE_AFTER_OUTAGE_S = ALIVE_TTL_S + RETRY_MAX_S + CONTROL_POLL_S
 # How often a replica looks for lost owners (RedisStore._sweep), and how many
 # of a lost owner's streams it takes over at once.
 SWEEP_S = 1.0
-TAKEOVER_CONCURRENCY = 32
+TAKEOVER_CONCURRENCY = 64
 # One sweep step's bound: far above a store call's (REDIS_TIMEOUT_S), since
 # the sweep is background work nobody waits on, and on a loaded machine the
 # event loop of a gateway serving a storm lags by seconds: 1 s bounds fired
@@ -319,6 +319,7 @@ class RedisStore(ResumeStore):
         self._attach_writes: set[asyncio.Task[None]] = set()
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
         self._sweeper: asyncio.Task[None] | None = None
+        self._sweeping: set[str] = set()  # lost replicas whose streams the sweep takes over
         self._owned_key = owned_key(KEY_PREFIX, settings.replica_id)
         self._owned_ttl_ms = int((settings.max_stream_duration_s + settings.resume_ttl_s) * 1000)
 
@@ -569,6 +570,13 @@ class RedisStore(ResumeStore):
                 # this window again, and the lost owner's generations outlived
                 # the engine's orphan grace (`owner_lost`).
                 return False
+        if meta.replica in self._sweeping:
+            # This replica's sweep is taking the lost owner's streams over:
+            # wait for it rather than race it for the claim. Hundreds of
+            # readers polling and claiming at once were most of what a
+            # storm's survivor had to do while the orphans' grace ran.
+            await asyncio.sleep(SWEEP_S)
+            return False
         if self._gateway is not None and self._gateway.drain.draining:
             # Taken over here, it would be cancelled (`gateway_shutdown`) when
             # this replica exits: rolling-deploy lost streams so. Let the reader
@@ -663,8 +671,12 @@ class RedisStore(ResumeStore):
                     continue
             log.warning("replica %r is gone; taking over its %d stream(s)", replica, len(ids))
             limit = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
-            await asyncio.gather(*(self._sweep_one(replica, i, limit) for i in ids),
-                                 return_exceptions=True)
+            self._sweeping.add(replica)
+            try:
+                await asyncio.gather(*(self._sweep_one(replica, i, limit) for i in ids),
+                                     return_exceptions=True)
+            finally:
+                self._sweeping.discard(replica)
 
     async def _sweep_one(self, replica: str, stream_id: str, limit: asyncio.Semaphore) -> None:
         async with limit:
