@@ -70,7 +70,7 @@ MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
 # deadline: a black-holed hop): a detachable one is attached again.
 TRANSIENT_ENGINE_ERRORS = frozenset({"unavailable", "engine_idle_timeout"})
 # How long to keep trying: below the engine's orphan grace (services/engine/
-# settings.py, 30 s), the time the engine holds the generation for a caller
+# settings.py, 60 s), the time the engine holds the generation for a caller
 # that left without a Cancel; docs/resume.md has the arithmetic.
 REATTACH_WINDOW_S = 20.0
 REATTACH_BACKOFF_S = 0.25

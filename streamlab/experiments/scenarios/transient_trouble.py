@@ -211,7 +211,7 @@ OWNER_KILLED_STORM = Scenario(
          Check("completed_for_nobody", "==", 0,
                "no generation completed for a client told it ended")),
         "re-attach; the take-over waits out only a store outage seen by the survivor's own "
-        "heartbeat (not its readers' timeouts under load); the engine holds an orphan 30 s"),
+        "heartbeat (not its readers' timeouts under load); the engine holds an orphan 60 s"),
     shown=("streams", "owner_killed", "owned_by_killed", "live_at_cut", "streams_whole",
            "killed_owners_streams_whole", "streams_lost", "duplicates", "ends_other_than_done",
            "end_reasons",
