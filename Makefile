@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
-	integration clean test-compose compose-config toxiproxy-regression
+	integration clean test-compose compose-config toxiproxy-regression lock check-lock \
+	scenario-plots test-wire-multiplexed
 
 # Everything: the lab tool, plots and the dev tools (what the tests need).
 install:
@@ -31,6 +32,23 @@ protos:
 check-protos:
 	$(BIN)/python scripts/gen_protos.py --check
 
+# The lock files under requirements/ (what install.sh, the images and CI
+# install), compiled from pyproject.toml with uv, which lives in a venv of its
+# own under .tools/ (it is no dependency of the project). `check-lock` is
+# offline: tests/unit/test_lock.py runs it too.
+UV_VERSION := 0.13.9
+lock:
+	@[ -x .tools/uv/bin/uv ] || { python3 -m venv .tools/uv && .tools/uv/bin/pip install -q uv==$(UV_VERSION); }
+	python3 scripts/lock.py --uv .tools/uv/bin/uv
+
+check-lock:
+	$(BIN)/python scripts/lock.py --check
+
+# docs/results/scenario-plots/: a scenario of each family, broken above fixed,
+# on a lab of its own (free ports; `scenario run NAME --plot`).
+scenario-plots: install
+	$(BIN)/python scripts/scenario_plots.py
+
 # ruff, then the import contract ([tool.importlinter] in pyproject.toml: the
 # lab tool above the services above the protocol, the services apart).
 lint:
@@ -42,7 +60,7 @@ typecheck:
 
 # Lint, types, fresh generated code, then the whole suite (unit + the real topology,
 # which the tests start on free ports and stop themselves).
-test: install lint typecheck check-protos
+test: install lint typecheck check-protos check-lock
 	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): nothing was tested" >&2; rc=0; fi; \
 	exit $$rc
@@ -52,6 +70,15 @@ unit: install
 
 integration: install
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+# The cancellation, resume, re-attach, replica and drain tests on the
+# multiplexed engine wire (docs/cancellation-and-backpressure.md); any other test file runs on
+# it the same way, with STREAMLAB_GATEWAY_ENGINE_WIRE=multiplexed set.
+WIRE_TESTS := test_engine_wire test_cancellation test_resume test_reattach test_replicas \
+	test_replica_loss test_drain
+test-wire-multiplexed: install
+	STREAMLAB_GATEWAY_ENGINE_WIRE=multiplexed $(BIN)/pytest -p no:cacheprovider \
+		$(foreach t,$(WIRE_TESTS),tests/integration/$(t).py) $(PYTEST_ARGS)
 
 # The integration suite against compose.yaml's containers (builds the images,
 # brings the project up on free ports, always takes it down). See docs/compose.md.
@@ -71,3 +98,12 @@ compose-config:
 
 clean: down
 	rm -rf .run .mypy_cache .ruff_cache .pytest_cache
+
+# Every edge proxy x every edge probe (docs/proxy-matrix.md, ~10 min): the
+# result into docs/results/, then its table, to paste into the page.
+.PHONY: proxy-matrix
+proxy-matrix: install
+	@for proxy in haproxy caddy traefik; do bash scripts/install_proxies.sh $$proxy; done
+	$(BIN)/streamlab scenario matrix --json --plot docs/results/proxy-matrix.png \
+		> docs/results/proxy-matrix.json
+	$(BIN)/streamlab scenario matrix --from-json docs/results/proxy-matrix.json --markdown

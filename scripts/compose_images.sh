@@ -2,8 +2,8 @@
 # Builds the local base images that stand in for the public ones on a machine
 # that cannot pull from a registry, and prints the variables compose.yaml reads:
 #
-#   PYTHON_IMAGE=localhost/streamlab-base-python:bookworm      (for python:3.12-slim)
-#   NGINX_IMAGE=localhost/streamlab-base-nginx:bookworm        (for nginx:1.27)
+#   PYTHON_IMAGE=localhost/streamlab-base-python:bookworm      (for python:3.12.12-slim-bookworm)
+#   NGINX_IMAGE=localhost/streamlab-base-nginx:bookworm        (for nginx:1.27.5)
 #   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0-<patch> (for ghcr.io/shopify/toxiproxy;
 #     the lab's patched build, scripts/build_toxiproxy.sh)
 #

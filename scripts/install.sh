@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the lab needs, skipping what is already there:
 #   - .venv/ with the project and the extras STREAMLAB_EXTRAS names (default
-#     dev,lab,plot: the lab tool, the plots and the dev tools): pip install -e
-#     '.[EXTRAS]' (Python packages from PyPI). `make up` asks for `lab` only,
-#     what the lab runs; `make test` for all three. A venv that already has a
-#     superset of the extras asked for is left as it is.
+#     dev,lab,plot: the lab tool, the plots and the dev tools), from the
+#     smallest lock under requirements/ that covers them (pinned, hashes
+#     checked; scripts/lock.py, `make lock`), then the project itself with
+#     `pip install --no-deps -e .`. `make up` asks for `lab` only, what the lab
+#     runs; `make test` for all three. A venv that already has a superset of
+#     the extras asked for is left as it is.
 #   - nginx and redis-server from Debian's packages
 #   - chromium from Debian's packages (for the browser test)
 #   - Toxiproxy's server and CLI, built from the pinned module source with the
@@ -27,7 +29,8 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 1
 fi
 EXTRAS="${STREAMLAB_EXTRAS:-dev,lab,plot}"
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# A new pyproject or lock is a new stamp: the venv is brought to it.
+stamp=.venv/.installed-$(cat pyproject.toml requirements/*.lock | sha256sum | cut -c1-16)
 # The stamp file lists the extras installed for this pyproject.toml, one a line.
 has_extras() {
   [ -f "$stamp" ] || return 1
@@ -38,17 +41,29 @@ if ! has_extras "$EXTRAS"; then
   # What this pyproject's venv already has stays (a `make test` after `make up`
   # adds the dev tools, it does not trade the lab's for them).
   wanted=$( { [ -f "$stamp" ] && cat "$stamp"; tr ',' '\n' <<<"$EXTRAS"; } | sort -u | paste -sd, -)
-  say "creating .venv and installing the project (pip install -e '.[$wanted]')"
+  # The smallest lock that holds every extra wanted, and the extras it holds.
+  case ",$wanted," in
+    *,dev,*) lock=dev covers=dev,lab,plot ;;
+    *,plot,*) lock=plot covers=lab,plot ;;
+    *) lock=lab covers=lab ;;
+  esac
+  # hf is not in these locks: left out, so the hf step below installs its own.
+  wanted=$( { tr ',' '\n' <<<"$wanted"; tr ',' '\n' <<<"$covers"; } | grep -vx hf | sort -u \
+            | paste -sd, -)
+  say "creating .venv and installing requirements/$lock.lock, then the project (extras $wanted)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[$wanted]"
+  .venv/bin/python -m pip install -q -r "requirements/$lock.lock"
+  .venv/bin/python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-* && tr ',' '\n' <<<"$wanted" > "$stamp"
 fi
+# The independent servers the check tests run against: with the dev tools only.
+case ",$EXTRAS," in *,dev,*) bash scripts/install_check_servers.sh ;; esac
 if [ "${STREAMLAB_WITH_HF:-0}" = "1" ] && ! has_extras hf; then
   say "installing the hf extra (torch + transformers, several GB: takes minutes)"
   started=$SECONDS
-  wanted=$(sort -u "$stamp" | paste -sd, -)
-  .venv/bin/python -m pip install -q -e ".[$wanted,hf]"
+  # hf.lock is compiled within dev.lock: what the venv has keeps its versions.
+  .venv/bin/python -m pip install -q -r requirements/hf.lock
   echo hf >> "$stamp"
   say "hf extra installed in $((SECONDS - started)) s"
 fi

@@ -93,8 +93,9 @@ def streamlab_edge_url(streamlab_lab: LabTarget) -> str:
 class Toxics:
     """Faults on the lab's hops (Toxiproxy), each undone when its block ends."""
 
-    def __init__(self, client: ToxiproxyClient) -> None:
+    def __init__(self, client: ToxiproxyClient, lab: LabTarget | None = None) -> None:
         self.client = client
+        self.lab = lab
 
     @contextlib.contextmanager
     def _toxic(self, hop: str, kind: str, attributes: dict[str, int | float]) -> Iterator[None]:
@@ -112,12 +113,31 @@ class Toxics:
         """Every chunk on the hop (server to client) waits `ms` more."""
         return self._toxic(hop, "latency", {"latency": ms, "jitter": jitter_ms})
 
-    def idle_cut(self, hop: str, seconds: float) -> contextlib.AbstractContextManager[None]:
-        """Toxiproxy's `timeout` toxic: from now on nothing passes the hop and
-        each connection on it is closed after `seconds`: what a client sees of
-        a hop that cuts a silent stream. (Toxiproxy has no timer that restarts
-        on each byte; `streamlab check`'s idle-cut check brings its own relay.)"""
-        return self._toxic(hop, "timeout", {"timeout": int(seconds * 1000)})
+    @contextlib.contextmanager
+    def idle_cut(self, hop: str, seconds: float) -> Iterator[None]:
+        """A true idle cut on the hop: a connection that carries no byte from
+        the server for `seconds` is closed (both ways), as nginx's
+        proxy_read_timeout or a load balancer's idle timeout does; one that
+        keeps sending (tokens, `: ping` heartbeats) lives on. Toxiproxy has no
+        such toxic (its `timeout` stops all data and closes after a fixed time,
+        bytes or not), so the hop is pointed at `streamlab check`'s idle-cutting
+        relay (experiments/check/hop.py), which forwards to the hop's upstream;
+        repointing restarts the hop's listener, so its open connections close
+        on entry and exit. The relay runs in this process: Toxiproxy must reach
+        127.0.0.1 here (a local-process lab)."""
+        from streamlab.experiments.check.hop import idle_cut_relay_thread
+        from streamlab.lab.target import Capability, require
+
+        if self.lab is not None:  # the relay must be where the lab's Toxiproxy runs
+            require(self.lab, [Capability.PIDS], "streamlab_toxics.idle_cut")
+        upstream = str(self.client.proxy(hop)["upstream"])
+        host, _, port = upstream.rpartition(":")
+        with idle_cut_relay_thread(host, int(port), seconds) as relay:
+            self.client.set_upstream(hop, f"127.0.0.1:{relay}")
+            try:
+                yield
+            finally:
+                self.client.set_upstream(hop, upstream)
 
     @contextlib.contextmanager
     def cut(self, hop: str) -> Iterator[None]:
@@ -138,7 +158,7 @@ def streamlab_toxics(streamlab_lab: LabTarget) -> Iterator[Toxics]:
     require(streamlab_lab, [Capability.TOGGLE_HOPS], "streamlab_toxics")
     client = streamlab_lab.toxiproxy()
     try:
-        yield Toxics(client)
+        yield Toxics(client, streamlab_lab)
     finally:
         client.close()
 

@@ -5,27 +5,35 @@ TTFT is request start to the first non-empty `delta.content`, as in LLM
 benchmarking practice (AIPerf/GenAI-Perf). The read timeout is the client's
 idle watchdog: no byte (not even a `: ping`) for that long is an error, never
 a hang.
+
+The same record serves `streamlab check` (streamlab/experiments/check/), which
+judges someone else's server on it, so nothing the server sends raises: every
+read is kept with its time and size (a buffering hop shows as one big read),
+every comment counted, data that is not JSON and events after `[DONE]` are
+recorded rather than parsed or applied, and a non-2xx answer's body is kept.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from services.client.transport_run import TransportRun
-from streamlab_protocol.sse import Comment, SSEDecoder
+from streamlab_protocol.sse import Comment, Event, SSEDecoder
 
 
 @dataclass
 class StreamResult:
     status: int = 0
     request_id: str = ""
-    first_byte_s: float | None = None
+    headers_s: float | None = None  # request sent → response headers (time to first byte)
+    first_byte_s: float | None = None  # request sent → the first body bytes
     ttft_s: float | None = None
     total_s: float = 0.0
     token_times: list[float] = field(default_factory=list)
@@ -40,10 +48,58 @@ class StreamResult:
     left_at: float | None = None  # time.monotonic() when we decided to close
     retry_ms: int | None = None  # the last `retry:` the server sent
     retry_after_s: float | None = None  # a refusal's Retry-After header
+    # What a conformance check judges (streamlab check):
+    reads: list[tuple[float, int]] = field(default_factory=list)  # (when, bytes) per read
+    token_reads: list[float] = field(default_factory=list)  # reads that carried a token
+    token_chunks: int = 0  # chunks with content, tool calls or reasoning in a delta
+    events: int = 0
+    comments: int = 0
+    after_done: int = 0  # events after [DONE] (there must be none)
+    bad_json: list[str] = field(default_factory=list)  # event data that is not a JSON object
+    last_chunk: dict[str, Any] | None = None
+    body: bytes = b""  # a non-2xx answer's body
+    paused_at_s: float | None = None  # request sent → the reader held off (pause_after_tokens)
+    paused_s: float | None = None  # for how long
 
     @property
     def text(self) -> str:
         return "".join(self.texts)
+
+    @property
+    def error_text(self) -> str:
+        """The error in one line, `code: message` ('' when none)."""
+        if self.error is None:
+            return ""
+        return f"{self.error.get('code')}: {self.error.get('message')}"[:200]
+
+    @property
+    def first_token_s(self) -> float | None:
+        """Request sent → the first read that carried a token (content, tool
+        calls or reasoning)."""
+        return self.token_reads[0] if self.token_reads else None
+
+    @property
+    def longest_silence_s(self) -> float | None:
+        """The longest stretch with no byte at all, from sending the request to
+        the first token: what an idle-cutting hop on the way sees."""
+        first = self.first_token_s
+        if first is None:
+            return None
+        marks = [0.0] + ([self.headers_s] if self.headers_s is not None else [])
+        marks += [t for t, _ in self.reads if t <= first] + [first]
+        marks.sort()
+        return max(b - a for a, b in itertools.pairwise(marks)) if len(marks) > 1 else 0.0
+
+    @property
+    def bytes_before_first_token(self) -> int:
+        first = self.first_token_s
+        if first is None:
+            return sum(n for _, n in self.reads)
+        return sum(n for t, n in self.reads if t < first)
+
+    def gaps(self) -> list[float]:
+        """Between successive reads that carried tokens (a batch in one read is one)."""
+        return [b - a for a, b in itertools.pairwise(self.token_reads)]
 
 
 def chat_body(prompt: str, *, stream: bool = True, max_tokens: int | None = None,
@@ -66,14 +122,23 @@ async def stream_chat(
     headers: dict[str, str] | None = None,
     stop_after_tokens: int | None = None,
     on_token: Callable[[str], None] | None = None,
+    before_leaving: Callable[[], Awaitable[None]] | None = None,
+    pause_after_tokens: int | None = None,
+    pause: Callable[[], Awaitable[None]] | None = None,
 ) -> StreamResult:
-    """POST `body` to `url` (a .../v1/chat/completions URL) and read the stream."""
+    """POST `body` to `url` (a .../v1/chat/completions URL) and read the stream.
+
+    `stop_after_tokens`: leave then (closing the connection), awaiting
+    `before_leaving` first while the stream is still open. `pause_after_tokens`:
+    await `pause` once then, reading nothing meanwhile (a reader that stopped),
+    then read on to the end."""
     result = StreamResult()
     decoder = SSEDecoder()
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
+            result.headers_s = time.perf_counter() - start
             result.request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
                 retry_after = response.headers.get("retry-after", "")
@@ -81,6 +146,7 @@ async def stream_chat(
                     result.retry_after_s = float(retry_after)
                 raw = await response.aread()
                 result.bytes_down = len(raw)
+                result.body = raw
                 result.error = _error_body(raw)
                 return result
             # Decoded bytes (nginx may gzip the stream); the wire count comes
@@ -90,18 +156,26 @@ async def stream_chat(
                 if result.first_byte_s is None:
                     result.first_byte_s = now
                 result.bytes_down = response.num_bytes_downloaded
+                result.reads.append((now, len(chunk)))
+                token_here = False
                 for item in decoder.feed(chunk):
                     if isinstance(item, Comment):
+                        result.comments += 1
                         if item.text.startswith("ping"):
                             result.ping_times.append(now)
                         continue
-                    if item.retry is not None:
-                        result.retry_ms = item.retry
-                    if item.data == "[DONE]":
-                        result.done = True
-                        continue
-                    _apply(result, json.loads(item.data), now, on_token)
+                    token_here |= _event(result, item, now, on_token)
+                if token_here:
+                    result.token_reads.append(now)
+                if (pause is not None and pause_after_tokens is not None
+                        and result.paused_s is None and result.token_chunks >= pause_after_tokens):
+                    result.paused_at_s = now
+                    held = time.perf_counter()
+                    await pause()
+                    result.paused_s = time.perf_counter() - held
                 if stop_after_tokens is not None and len(result.texts) >= stop_after_tokens:
+                    if before_leaving is not None:
+                        await before_leaving()
                     result.closed_early = True
                     result.left_at = time.monotonic()
                     return result  # leaving the block closes the connection
@@ -116,6 +190,48 @@ async def stream_chat(
     return result
 
 
+def _event(result: StreamResult, event: Event, now: float,
+           on_token: Callable[[str], None] | None) -> bool:
+    """Apply one event; whether it carried a token."""
+    result.events += 1
+    if event.retry is not None:
+        result.retry_ms = event.retry
+    if result.done:
+        result.after_done += 1  # counted, never applied: the stream was over
+        return False
+    if event.data == "[DONE]":
+        result.done = True
+        return False
+    try:
+        payload = json.loads(event.data)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        result.bad_json.append(event.data[:80])
+        if result.error is None:
+            result.error = {"message": f"event data is not a JSON object: {event.data[:80]!r}",
+                            "code": "bad_json"}
+        return False
+    result.last_chunk = payload
+    _apply(result, payload, now, on_token)
+    if _has_token(payload):
+        result.token_chunks += 1
+        return True
+    return False
+
+
+def _has_token(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
+                                        or delta.get("reasoning_content")):
+            return True
+    return False
+
+
 def _apply(result: StreamResult, payload: dict[str, Any], now: float,
            on_token: Callable[[str], None] | None) -> None:
     if "error" in payload:
@@ -123,8 +239,12 @@ def _apply(result: StreamResult, payload: dict[str, Any], now: float,
         return
     if payload.get("usage"):
         result.usage = payload["usage"]
-    for choice in payload.get("choices", ()):
-        content = choice.get("delta", {}).get("content")
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
         if content:
             if result.ttft_s is None:
                 result.ttft_s = now

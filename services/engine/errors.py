@@ -15,6 +15,8 @@ status a caller gets for it (servicer.py aborts the call with it).
       │                        (detached.py)
       ├── Stopped              CANCELLED: an explicit Cancel, the grace expiry or
       │                        the engine's shutdown stopped it (detached.py)
+      ├── Refused              .status (a grpc.StatusCode): the status one call
+      │                        ends with, whichever wire carries it (session.py)
       └── at start-up, no call to answer: the process exits with the message
           ├── BackendUnavailable  the configured backend cannot start (also a
           │                       RuntimeError; server.py)

@@ -107,8 +107,12 @@ class Engine:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+        if self._servicer is not None:  # multiplexed Sessions tell their gateways
+            self._servicer.set_serving(serving)
 
     async def stop(self, grace: float) -> None:
+        if self._servicer is not None:  # Sessions refuse new calls, as the server will
+            self._servicer.set_serving(False, stopping=True)
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         if self._servicer is not None:

@@ -3,6 +3,8 @@
 A plain generation runs in its call's handler; a `detachable` one in a task of
 its own that its call (and later any Attach) only reads (detached.py), so it
 survives a caller that vanishes, until its orphan grace ends or a Cancel.
+The multiplexed Session call (session.py) runs the same `generation` and
+`attachment` work for each call it carries.
 
 Cancellation: when the gateway cancels the call (its client left), grpc.aio
 cancels this handler's task, so CancelledError surfaces at the backend's next
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -40,6 +42,7 @@ from services.engine.backends.base import (
 )
 from services.engine.detached import AttachRefused, Detachables, Replaced, Stopped
 from services.engine.metrics import EngineMetrics
+from services.engine.session import Accept, EngineSession, Health, Refused
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord
 from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
@@ -110,17 +113,15 @@ def _tools(request: pb.GenerateRequest) -> tuple[tuple[ToolSpec, ...], str | Non
     return tuple(tools), None
 
 
-async def _abort_for(context: grpc.aio.ServicerContext,
-                     exc: BackendError | Replaced | Stopped) -> None:
-    """End a Generate or Attach call with the status its failure means: a backend
-    error's own status; ABORTED when a newer Attach took the generation over;
-    CANCELLED when an explicit Cancel stopped it."""
+def _refusal(exc: BackendError | Replaced | Stopped) -> Refused:
+    """The status a generation's failure ends its call with: a backend error's
+    own status; ABORTED when a newer Attach took the generation over; CANCELLED
+    when an explicit Cancel stopped it."""
     if isinstance(exc, BackendError):
-        await context.abort(grpc.StatusCode[exc.status], f"{exc.code}: {exc.message}")
-    elif isinstance(exc, Replaced):
-        await context.abort(grpc.StatusCode.ABORTED, str(exc))
-    else:
-        await context.abort(grpc.StatusCode.CANCELLED, str(exc))
+        return Refused(grpc.StatusCode[exc.status], f"{exc.code}: {exc.message}")
+    if isinstance(exc, Replaced):
+        return Refused(grpc.StatusCode.ABORTED, str(exc))
+    return Refused(grpc.StatusCode.CANCELLED, str(exc))
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
@@ -141,8 +142,14 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self._detachables = Detachables(stats, settings.orphan_grace_s,
                                         settings.orphan_buffer_tokens)
         metrics.watch(stats, self._admission)
+        self._health = Health()  # what Session calls tell the gateway (session.py)
         if isinstance(backend, ObservesSteps):
             backend.observe_steps(metrics.step)
+
+    def set_serving(self, serving: bool, stopping: bool = False) -> None:
+        """The engine's health changed (server.py): Sessions tell their callers,
+        and once `stopping`, refuse new calls as the stopping server does."""
+        self._health.set(serving, stopping)
 
     async def aclose(self) -> None:
         """Engine shutdown: stop the detachable generations (no caller runs them)."""
@@ -151,6 +158,29 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        async def accept(request_id: str) -> None:
+            await context.send_initial_metadata((("x-request-id", request_id),))
+
+        def started(record: GenerationRecord) -> None:
+            # The model runs in this handler's task: a dropped call cancels it.
+            context.add_done_callback(lambda ctx: self._on_done(ctx, record))
+
+        try:
+            async with aclosing(self.generation(request, accept, started)) as stream:
+                async for message in stream:
+                    yield message
+        except Refused as exc:
+            await context.abort(exc.status, exc.details)
+
+    async def generation(
+        self, request: pb.GenerateRequest, accept: Accept,
+        started: Callable[[GenerationRecord], None],
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """One Generate call's work, for whichever wire carries it: validate,
+        admit, run (a detachable generation in a task of its own), yield its
+        events; Refused is the status the call ends with. `started` is told the
+        record of a plain (not detachable) generation, which runs in the task
+        that iterates this: cancelling that task is the cancel."""
         try:
             generation = to_generation_input(request, self._settings)
             options = self._backend.options(request)
@@ -160,31 +190,30 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             if generation.tools and request.detachable:
                 raise InvalidRequest("tools: a detachable generation streams tokens only")
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         if request.detachable and generation.request_id in self._detachables:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                f"a detachable generation {generation.request_id!r} is already "
-                                "held here: Attach to it, or Cancel it first")
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
+                          f"a detachable generation {generation.request_id!r} is already "
+                          "held here: Attach to it, or Cancel it first")
         if self._admission.full():
             # Refused before anything started: no record, no slot, no tokens.
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self._admission.describe())
-        # Headers now, before any queueing and the (possibly long) prefill: the
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, self._admission.describe())
+        # Accepted now, before any queueing and the (possibly long) prefill: the
         # gateway learns that the engine accepted the call and can commit to a 200.
         # A backend that defers acceptance says when (an upstream's 200), unless
         # the call must first wait for a slot here: waiting is accepting.
-        headers = (("x-request-id", generation.request_id),)
         accepted = not self._backend.defers_acceptance or self._admission.would_wait()
         if accepted:
-            await context.send_initial_metadata(headers)
+            await accept(generation.request_id)
         queued_at = asyncio.get_running_loop().time()
         await self._admission.acquire()  # queued here; a cancel leaves the queue
         self._metrics.queue_wait.observe(asyncio.get_running_loop().time() - queued_at)
         if request.detachable and generation.request_id in self._detachables:
             # The same id started while this call waited for its slot.
             self._admission.release()
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                f"a detachable generation {generation.request_id!r} is "
-                                "already held here")
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS,
+                          f"a detachable generation {generation.request_id!r} is "
+                          "already held here")
         record = self._stats.begin(
             generation.request_id, request.sampling if request.HasField("sampling") else None)
         # The events' `finally` frees the slot and ends the record, whoever runs them.
@@ -198,31 +227,44 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             messages = held.follow(held.attach(None), request.accept_token_batches,
                                    announce=True)
         else:
-            # The model runs in this handler's task: a dropped call cancels it.
-            context.add_done_callback(lambda ctx: self._on_done(ctx, record))
+            started(record)
             messages = events
         async with aclosing(messages) as stream:
             try:
                 async for message in stream:
                     if isinstance(message, Accepted):
                         if not accepted:
-                            await context.send_initial_metadata(headers)
+                            await accept(generation.request_id)
                             accepted = True
                         continue
                     yield message
             except (BackendError, Replaced, Stopped) as exc:  # BackendError: before the first token
-                await _abort_for(context, exc)
+                raise _refusal(exc) from None
 
     async def Attach(
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        async def accept(request_id: str) -> None:
+            await context.send_initial_metadata((("x-request-id", request_id),))
+
+        try:
+            async with aclosing(self.attachment(request, accept)) as stream:
+                async for message in stream:
+                    yield message
+        except Refused as exc:
+            await context.abort(exc.status, exc.details)
+
+    async def attachment(
+        self, request: pb.AttachRequest, accept: Accept
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """One Attach call's work, for whichever wire carries it (as `generation`)."""
         after = request.after_index if request.HasField("after_index") else None
         try:
             held, attachment = self._detachables.attach(request.request_id, after)
         except AttachRefused as exc:
-            await context.abort(grpc.StatusCode[exc.status], exc.message)
+            raise Refused(grpc.StatusCode[exc.status], exc.message) from None
         try:
-            await context.send_initial_metadata((("x-request-id", held.request_id),))
+            await accept(held.request_id)
         except BaseException:
             held.release(attachment)  # gone before its stream began: orphaned again
             raise
@@ -232,7 +274,17 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                     if isinstance(message, pb.GenerateResponse):
                         yield message
             except (BackendError, Replaced, Stopped) as exc:
-                await _abort_for(context, exc)
+                raise _refusal(exc) from None
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SessionEvent]:
+        """The multiplexed wire (services/engine/session.py)."""
+        session = EngineSession(self, self._stats, self._health)
+        async with aclosing(session.run(request_iterator)) as events:
+            async for event in events:
+                yield event
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext

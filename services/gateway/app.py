@@ -67,6 +67,8 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
             # Shutdown: what still runs is cancelled at the engine, then the channel closes.
             await gateway.jobs.close()
             await gateway.streams.close()
+            if gateway.shared_caps is not None:
+                await gateway.shared_caps.close()
             if owns_engine:
                 await gateway.engine.close()
 

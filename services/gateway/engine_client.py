@@ -18,6 +18,10 @@ can `attach()` to it): dropping the call no longer stops the engine, so
 short deadline) and cancels the call after it; `cancel()` only drops the
 call, which leaves the generation to be re-attached. `EngineClient.attach()`
 opens a stream on one from an index, `EngineClient.cancel()` stops one by id.
+
+The wire (settings.engine_wire): `per_request` opens a gRPC call per stream;
+`multiplexed` carries them all on one Session per engine (engine_mux.py),
+whose calls EngineStream reads exactly as it reads a Generate call.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.gateway.engine_mux import EngineMux, MuxCall, MuxSession, window_tokens
 from services.gateway.errors import EngineError, redact_addresses
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
@@ -326,6 +331,11 @@ class EngineClient:
                                   for a in addresses] if len(addresses) > 1 else [])
         self._pinned = [pb_grpc.EngineServiceStub(c) for c in self._pinned_channels]
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        # The multiplexed wire: a Session per engine (on its own channel when
+        # there are several, as the balanced channel would pin one session to one).
+        self._mux = (EngineMux(self._pinned or [self._stub], settings.engine_health_checks,
+                               window_tokens(settings.engine_read_ahead_bytes))
+                     if settings.engine_wire == "multiplexed" else None)
         self._accept_timeout_s = settings.engine_accept_timeout_s
         self._idle_timeout_s = settings.engine_idle_timeout_s
         self._max_duration_s = settings.max_stream_duration_s
@@ -344,8 +354,31 @@ class EngineClient:
         """
         # This gateway reads `tokens` batches (EngineStream yields their chunks).
         request.accept_token_batches = True
+        if self._mux is not None:
+            return await self._each_session(
+                self._mux.rotation(), lambda session: session.open(request),
+                request.request_id, request.detachable, retry_on=(503,))
         call = self._stub.Generate(request, wait_for_ready=False)
         return await self._accepted(call, request.request_id, request.detachable)
+
+    async def _each_session(self, sessions: list[MuxSession],
+                            start: Callable[[MuxSession], MuxCall], request_id: str,
+                            detachable: bool, retry_on: tuple[int, ...]) -> EngineStream:
+        """The multiplexed wire: start the call on each session in turn until one
+        accepts it or refuses it with a status not in `retry_on` (a refusal
+        before acceptance started nothing: trying the next engine is safe, as
+        the balancer skips an engine it cannot reach); the last answer is the
+        verdict, a 404 over a 503."""
+        error: EngineError | None = None
+        for session in sessions:
+            try:
+                return await self._accepted(start(session), request_id, detachable)
+            except EngineError as exc:
+                if exc.status_code not in retry_on:
+                    raise
+                error = exc if error is None or exc.status_code == 404 else error
+        assert error is not None
+        raise error
 
     async def attach(self, request_id: str, after_index: int | None) -> EngineStream:
         """Continue a detachable generation (its caller, another replica, died)
@@ -356,6 +389,10 @@ class EngineClient:
         request = pb.AttachRequest(request_id=request_id, accept_token_batches=True)
         if after_index is not None:
             request.after_index = after_index
+        if self._mux is not None:  # the engine holding it accepts; the others 404
+            return await self._each_session(
+                self._mux.sessions, lambda session: session.attach(request), request_id,
+                detachable=True, retry_on=(404, 503))
         if not self._pinned:
             call = self._stub.Attach(request, wait_for_ready=False)
             return await self._accepted(call, request_id, detachable=True)
@@ -415,7 +452,7 @@ class EngineClient:
         finally:
             call.cancel()
 
-    async def _accepted(self, call: grpc.aio.UnaryStreamCall,
+    async def _accepted(self, call: grpc.aio.UnaryStreamCall | MuxCall,
                         request_id: str, detachable: bool) -> EngineStream:
         try:
             metadata = await asyncio.wait_for(call.initial_metadata(), self._accept_timeout_s)
@@ -451,6 +488,8 @@ class EngineClient:
     async def close(self) -> None:
         if self._cancelling:  # let the explicit Cancels in flight reach the engine
             await asyncio.wait(set(self._cancelling), timeout=self._cancel_timeout_s)
+        if self._mux is not None:
+            await self._mux.close()
         await self._channel.close()
         for channel in self._pinned_channels:
             await channel.close()

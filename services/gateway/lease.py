@@ -38,6 +38,7 @@ from services.gateway.errors import BadRequest, EngineError, GatewayError
 from services.gateway.limits import StreamSlot
 from services.gateway.metrics import StreamTimings
 from services.gateway.openai_api import TOOL_SURFACES, ChatCompletionRequest
+from services.gateway.shared_caps import SharedSlot
 
 if TYPE_CHECKING:
     from services.gateway.state import GatewayState
@@ -58,6 +59,7 @@ class EngineLease:
         self._request_id = request_id
         self._client_key = client_key
         self._slot: StreamSlot | None = None
+        self._shared_slot: SharedSlot | None = None
         self._stream: EngineStream | None = None
         self._cancel_on_close = True
         self._closed = False
@@ -114,6 +116,8 @@ class EngineLease:
         request = self._body.to_engine_request(self._request_id)
         request.detachable = self._detachable
         try:
+            if self._client_key is not None and gateway.shared_caps is not None:
+                self._shared_slot = await gateway.shared_caps.acquire(self._client_key)
             self._stream = await gateway.engine.open(request)
         except BaseException as exc:
             self.close()
@@ -207,6 +211,8 @@ class EngineLease:
                     self._timings.cancelled(self._client_left_at, now)
         if self._slot is not None:
             self._slot.release()
+        if self._shared_slot is not None:
+            self._shared_slot.release()
 
     async def __aenter__(self) -> EngineStream:
         return await self.open()

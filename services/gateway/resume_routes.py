@@ -197,6 +197,9 @@ async def stream_events(
     store.metrics.connections.labels(replay).inc()
     record = Attach(at=round(found.age_s, 3), last_event_id=raw,
                     resumed_after=after, missed=missed)
+    # In the stream's record before the response opens: a client may ask for
+    # the status (on any replica) the moment it does.
+    await store.attached(found, record)
     # A reader that accepts no bytes for the send timeout is cut: its follower
     # detaches, so the grace clock starts, instead of holding on forever.
     return event_stream(

@@ -34,6 +34,11 @@ class GatewaySettings(BaseSettings):
     # no new call to one that reports NOT_SERVING (draining). Off only to show
     # what it prevents (tests/integration/test_replicas.py).
     engine_health_checks: bool = True
+    # How streams travel to the engine: a gRPC call each (per_request, the
+    # default: a cancel is the call's RST_STREAM), or all on one long-lived
+    # Session per engine, an abort a message (multiplexed, vLLM's shape;
+    # services/gateway/engine_mux.py, docs/cancellation-and-backpressure.md).
+    engine_wire: Literal["per_request", "multiplexed"] = "per_request"
     # Seconds between `: ping` comments on an SSE stream (0 disables them).
     heartbeat_s: float = Field(15.0, ge=0)
     # Seconds to wait for the engine to accept a call (its response headers)
@@ -195,6 +200,12 @@ class GatewaySettings(BaseSettings):
     # a lost owner ends its streams `cancelled` {"reason": "owner_lost"}, and a
     # drain cancels them (`server_draining`).
     reattach: bool = True
+    # With the Redis store: each client identity's cap (max_streams_per_client)
+    # counted across the replicas in Redis, each slot on a lease renewed by its
+    # gateway, so a killed gateway's slots come back within this many seconds
+    # (services/gateway/shared_caps.py). 0: each gateway counts alone (the
+    # broken case: N replicas admit N times the cap).
+    shared_caps_lease_s: float = Field(10.0, ge=0)
     # Trouble that may pass (the shared store unreachable, this gateway paused,
     # an engine-hop blip): "retry" tells the reader so (SSE `event: retry`, no
     # terminal event; the client reconnects with Last-Event-ID) and re-attaches

@@ -6,6 +6,7 @@
     metrics       the app's own Prometheus registry
     drain         live engine calls, for a graceful shutdown
     limiter       the caps on work in flight, overall and per client identity
+    shared_caps   the per-identity cap counted across replicas (Redis), or None
     models        the model names a request may ask for
     broken_modes  the lab's broken modes: refused or applied, per request
     streams       the resume surface's store (/v1/streams): this gateway's
@@ -33,6 +34,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.resume import ResumeStore, build_store
 from services.gateway.settings import GatewaySettings
+from services.gateway.shared_caps import build_shared_caps
 
 
 class GatewayState:
@@ -42,6 +44,8 @@ class GatewayState:
         self.drain = Drain(settings.drain_grace_s)
         self.limiter = StreamLimiter(settings.max_streams, settings.max_streams_per_client,
                                      settings.retry_after_s)
+        # The per-client cap across replicas (the Redis store on), else None.
+        self.shared_caps = build_shared_caps(settings, self.metrics.registry)
         # New connections to the resume surface per second (0: unlimited).
         self.connect_rate = ConnectRate(settings.resume_connect_rate_per_s,
                                         settings.retry_after_s)

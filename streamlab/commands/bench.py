@@ -188,22 +188,36 @@ def cancel(
     background: Annotated[int, typer.Option(min=0, help=(
         "Other streams running meanwhile through the edge (a token a second; the "
         "caps are raised for them and put back after)."))] = 0,
+    wire: Annotated[str, typer.Option(help=(
+        "The gateways' engine wire: lab (as it runs), per_request, multiplexed, or "
+        "both (each in turn, the gateways restarted on it)."))] = "lab",
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Open streams through the edge, leave each after 1-8 tokens, and report how
     fast the engine saw each cancel (p50/p99) and how many tokens it wasted.
     Exits 1 unless every stream was cancelled and none is left running (and,
     with --background, every background stream completed)."""
-    from streamlab.experiments.bench.cancel import bench_cancel
+    from streamlab.experiments.bench.cancel import WIRES, bench_cancel, bench_cancel_wires
+
+    if wire not in ("lab", "both", *WIRES):
+        raise typer.BadParameter(f"--wire {wire!r}: lab, both, {', '.join(WIRES)}")
 
     lab = reach(run_dir)
     with experiment_exits(), _progress() as progress:
         task = progress.add_task(
             f"abandoning streams{f' beside {background} running' if background else ''}",
             total=streams)
-        report = bench_cancel(lab, location=location, streams=streams, concurrency=concurrency,
-                              gap_ms=gap_ms, background=background,
-                              progress=lambda: progress.advance(task))
+        if wire == "lab":
+            report = bench_cancel(lab, location=location, streams=streams,
+                                  concurrency=concurrency, gap_ms=gap_ms, background=background,
+                                  progress=lambda: progress.advance(task))
+        else:
+            wires = WIRES if wire == "both" else (wire,)
+            progress.update(task, total=streams * len(wires))
+            report = bench_cancel_wires(lab, wires, location=location, streams=streams,
+                                        concurrency=concurrency, gap_ms=gap_ms,
+                                        background=background,
+                                        progress=lambda: progress.advance(task))
     _render(report, as_json=as_json)
 
 

@@ -48,8 +48,8 @@ def check_command(
         help="The environment variable that holds the API key (never the key itself: "
              "it would land in the shell's history).")] = None,
     metrics_url: Annotated[str | None, typer.Option(
-        help="The server's Prometheus /metrics: the cancel check reads running "
-             "generations there (vLLM's, the lab engine's).")] = None,
+        help="The server's Prometheus /metrics: the cancel and slow-reader checks read "
+             "running generations there (vLLM's, the lab engine's).")] = None,
     only: Annotated[list[str] | None, typer.Option(
         help=f"Run only these checks (repeatable): {', '.join(CHECKS)}.")] = None,
     silence_s: Annotated[float, typer.Option(
@@ -66,8 +66,8 @@ def check_command(
     """A streaming conformance report on any OpenAI-compatible server.
 
     Framing, errors, first byte vs first token, heartbeat and an idle cut, a
-    client that leaves, concurrency. One line per check: pass, fail (the
-    evidence and the fix) or n/a (why)."""
+    client that leaves, a reader that stops, resume, concurrency. One line per
+    check: pass, fail (the evidence and the fix) or n/a (why)."""
     api_key = None
     if api_key_env is not None:
         api_key = os.environ.get(api_key_env)

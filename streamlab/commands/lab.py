@@ -91,6 +91,9 @@ def up(
         exists=True, dir_okay=False, metavar="FILE",
         help="Your own config for --proxy, with the lab's addresses as placeholders "
              "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
+    engine_wire: Annotated[str | None, typer.Option(
+        help="Gateway to engine: per_request (a gRPC call a stream) or multiplexed "
+             "(one Session per engine; docs/cancellation-and-backpressure.md).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Start the lab (detached) and print its services and URLs.
@@ -113,8 +116,13 @@ def up(
         raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
     if proxy not in PROXY_NAMES:
         raise typer.BadParameter(f"--proxy {proxy!r}: one of {', '.join(PROXY_NAMES)}")
+    if engine_wire not in (None, "per_request", "multiplexed"):
+        raise typer.BadParameter(f"--engine-wire {engine_wire!r}: per_request or multiplexed")
+    gateway_env = dict(choice.gateway_env)
+    if engine_wire is not None:
+        gateway_env["STREAMLAB_GATEWAY_ENGINE_WIRE"] = engine_wire
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
-                         gateway_env=choice.gateway_env, console=with_console,
+                         gateway_env=gateway_env, console=with_console,
                          gateways=gateways, engines=engines, store=store,
                          proxy=proxy, proxy_config=proxy_config.resolve() if proxy_config else None)
     if nginx_send_timeout_s is not None:

@@ -15,8 +15,12 @@ run_plan, which holds the run/skip/error policy) and renders its Report.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -137,6 +141,15 @@ def _setup_lines(setup: dict[str, Any]) -> list[str]:
     return [*lines, " ".join(settings)]
 
 
+def _plot_extra(plot: Path | None) -> Path | None:
+    """`--plot` needs matplotlib (the `plot` extra, which `make up` leaves out):
+    say so before the scenario runs, not after."""
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
+                                 ".venv/bin/pip install -e '.[plot]'")
+    return plot
+
+
 @app.command("run", epilog=EXIT_CODES)
 def run_command(
     name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.")],
@@ -169,6 +182,10 @@ def run_command(
         min=1, help="Run everything this many times.")] = 1,
     seed: Annotated[int | None, typer.Option(
         help="Seed of the shuffle (printed on every shuffled run), to replay an order.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(
+        callback=_plot_extra, help="Write the token arrivals, broken above fixed, as a PNG "
+                                   "here (with `all`: a directory, one PNG a scenario).")
     ] = None,
 ) -> None:
     """Run one scenario (or all) and print figures and a verdict per mode.
@@ -213,12 +230,33 @@ def run_command(
     if watchdog is not None and not as_json:
         for restart in watchdog.restarts:
             err.print(f"[yellow]watchdog:[/] {restart.describe()}")
+    if plot is not None:
+        report = write_plots(report, known if name == "all" else (name,), plot)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     elif name == "all" or shuffle or repeat > 1:
         print_summary(report)
     if not report.as_expected:
         raise typer.Exit(EXIT_UNEXPECTED)
+
+
+def write_plots(report: Report, names: Sequence[str], plot: Path) -> Report:
+    """Each scenario's arrivals plot (one scenario: at `plot`; several: `plot`
+    is a directory, NAME.png inside), listed among the plan report's artifacts."""
+    from streamlab.experiments.report import Artifact
+    from streamlab.experiments.scenarios import plot as plots
+
+    drawn = []
+    for scenario in names:
+        rows = plots.lanes(report, scenario)
+        if not rows:  # skipped, errored, or a measure that records no arrivals
+            err.print(f"[yellow]no plot for {scenario}[/]: no run recorded token arrivals")
+            continue
+        path = plot if len(names) == 1 else plot / f"{scenario}.png"
+        plots.draw(scenario, rows, path)
+        err.print(f"plot written to {path}")
+        drawn.append(Artifact("plot", str(path), f"{scenario}: token arrivals"))
+    return replace(report, artifacts=report.artifacts + tuple(drawn))
 
 
 class Progress:
@@ -321,4 +359,98 @@ def print_reports(scenario: Scenario, reports: list[Report], all_figures: bool) 
     if any(r.artifacts for r in reports):
         table.add_row("files", *("\n".join(f"{a.title}: {a.path}" for a in r.artifacts)
                                  for r in reports))
+    console.print(table)
+
+
+MATRIX_EXIT_CODES = ("Exit status: 0 every cell measured (and your --proxy-config breaks no "
+                     "stream); 1 a cell not measured (a lab that did not come up, a probe "
+                     "that crashed), or your config breaks a stream; 2 usage.")
+
+
+@app.command("matrix", epilog=MATRIX_EXIT_CODES)
+def matrix_command(
+    proxy: Annotated[list[str] | None, typer.Option(
+        "--proxy", help="A proxy to run (repeat for several; default: all four).")] = None,
+    proxy_config: Annotated[Path | None, typer.Option(
+        "--proxy-config", exists=True, dir_okay=False,
+        help="Your own config for the proxy (one --proxy): probed as it is.")] = None,
+    probe: Annotated[list[str] | None, typer.Option(
+        "--probe", help="A probe to run (repeat; default: every probe).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The matrix as data.")] = False,
+    as_markdown: Annotated[bool, typer.Option(
+        "--markdown", help="The matrix as a Markdown table.")] = False,
+    plot_file: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw the matrix as a coloured grid (PNG) here.")] = None,
+    from_json: Annotated[Path | None, typer.Option(
+        "--from-json", exists=True, dir_okay=False,
+        help="Run nothing: render a matrix saved with --json.")] = None,
+) -> None:
+    """Does each edge proxy break token streams, out of the box and fixed?
+
+    For each proxy, a lab of its own on free ports, every edge probe in it
+    (out of the box, then streaming-ready; or your --proxy-config as it is),
+    the lab down again; then the matrix: proxy x failure, broken or not, the
+    figures, the directive that fixes it. Exits 1 if a cell could not be
+    measured, or your config breaks a stream."""
+    from streamlab.experiments.scenarios import edge_matrix, edge_probes
+    from streamlab.lab.proxies import PROXY_NAMES
+
+    proxies = list(dict.fromkeys(proxy or PROXY_NAMES))
+    unknown = [p for p in proxies if p not in PROXY_NAMES]
+    unknown_probes = [p for p in probe or [] if p not in edge_probes.probe_names()]
+    if unknown or unknown_probes:
+        err.print(f"[red]unknown: {', '.join(unknown + unknown_probes)}[/]; proxies: "
+                  f"{', '.join(PROXY_NAMES)}; probes: {', '.join(edge_probes.probe_names())}")
+        raise typer.Exit(EXIT_USAGE)
+    if proxy_config is not None and len(proxies) != 1:
+        err.print("[red]--proxy-config needs exactly one --proxy[/] (the config's proxy)")
+        raise typer.Exit(EXIT_USAGE)
+    probes = [edge_probes.get_probe(p) for p in probe] if probe else list(edge_probes.PROBES)
+    say = edge_matrix.stderr_say if as_json or as_markdown else (
+        lambda line: console.print(line, highlight=False))
+    if from_json is not None:
+        matrix = edge_matrix.Matrix.from_json(json.loads(from_json.read_text()))
+        matrix.probes = [p for p in matrix.probes if not probe or p in probe]
+        matrix.rows = [r for r in matrix.rows if not proxy or r.proxy in proxy]
+    else:
+        matrix = asyncio.run(edge_matrix.run_matrix(proxies, probes, user_config=proxy_config,
+                                                    say=say))
+    if plot_file is not None:
+        try:
+            say(f"plot: {edge_matrix.plot(matrix, plot_file)}")
+        except ImportError:
+            err.print("[yellow]--plot needs matplotlib: pip install -e '.[plot]'[/]")
+    if as_json:
+        print(json.dumps(matrix.as_json(), indent=2))
+    elif as_markdown:
+        print(edge_matrix.markdown(matrix), end="")
+    else:
+        print_matrix(matrix)
+    yours_broken = any("yours" in row.forms for row in matrix.rows) and any(
+        cell.broken for row in matrix.rows for by_form in row.cells.values()
+        for cell in by_form.values())
+    if not matrix.measured or yours_broken:
+        raise typer.Exit(EXIT_UNEXPECTED)
+
+
+def print_matrix(matrix: Any) -> None:
+    """The matrix as a table: a row per failure and proxy."""
+    from rich.markup import escape
+
+    from streamlab.experiments.scenarios.edge_matrix import rows_for_table
+
+    yours = any("yours" in row.forms for row in matrix.rows)
+    table = Table("failure", "proxy", "your config" if yours else "out of the box",
+                  *(() if yours else ("ready",)), "fixing directive",
+                  title="proxy matrix" + ("" if yours else
+                                          " (ready: the lab's streaming-ready config)"),
+                  title_justify="left", show_lines=True)
+    for failure, name, first, ready, fix in rows_for_table(matrix):
+        def coloured(text: str) -> str:
+            colour = "red" if text.startswith("broken") else "green" if text.startswith("ok") \
+                else "yellow"
+            return f"[{colour}]{escape(text)}[/]"
+
+        table.add_row(failure, name, coloured(first), *(() if yours else (coloured(ready),)),
+                      escape(fix))
     console.print(table)

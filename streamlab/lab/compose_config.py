@@ -21,6 +21,7 @@ from dotenv import dotenv_values
 
 from streamlab.errors import StreamlabError
 from streamlab.lab import nginx, tls
+from streamlab.lab.endpoints import REDIS_PERSISTENCE
 from streamlab.lab.topology import (
     LAB_ENV,
     REPO_ROOT,
@@ -174,14 +175,17 @@ def replicas_compose(ports: Ports, replicas: Replicas = COMPOSE_REPLICAS) -> str
          for hop in hops(ports, replicas)})}}
     services[STORE_HOP_SERVICE] = {
         "build": {"context": ".", "dockerfile": "proxies/redis/Dockerfile",
-                  "args": {"REDIS_BASE_IMAGE": "${REDIS_BASE_IMAGE:-debian:bookworm-slim}"}},
+                  "args": {"REDIS_BASE_IMAGE": "${REDIS_BASE_IMAGE:-debian:12.12-slim}"}},
         "image": "streamlab-redis:${STREAMLAB_IMAGE_TAG:-latest}",
         "init": True,
         # Straight to Redis (not through the `store` hop), for `streamlab status`.
         "ports": [f"${{STREAMLAB_HOST:-127.0.0.1}}:${{STREAMLAB_REDIS_PORT:?set in lab.env}}:"
                   f"{ports.redis_port}"],
+        # The append-only file in the Debian package's data dir: it survives a
+        # restart of the container (docs/resume.md, "Redis restarts").
         "command": ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no",
-                    "--port", str(ports.redis_port), "--save", "", "--appendonly", "no"],
+                    "--port", str(ports.redis_port), *REDIS_PERSISTENCE,
+                    "--dir", "/var/lib/redis"],
         "healthcheck": {"test": ["CMD", "redis-cli", "-p", str(ports.redis_port), "ping"],
                         "interval": "2s", "timeout": "3s", "retries": 10,
                         "start_period": "10s"},

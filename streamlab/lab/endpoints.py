@@ -52,6 +52,15 @@ from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 # Toxiproxy is two processes (topology.TOXIPROXY_PROCESSES: the file limit).
 ORDER = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx")
 REDIS = "redis"
+# How Redis keeps the gateways' shared resume log (docs/resume.md, "Redis
+# restarts"): an append-only file, written before Redis answers and fsynced
+# every second, so a Redis process that is killed and started again on the
+# same dir loses no acknowledged write (a resume after it has no gap), and a
+# machine that crashes loses at most about a second. No RDB snapshots.
+REDIS_PERSISTENCE = ("--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
+# The broken mode: a scratch store; a Redis restart empties the log (a resume
+# then gets a `gap` of every event written before it).
+REDIS_NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
 PROBE_TIMEOUT_S = 1.0
 
 

@@ -21,7 +21,7 @@ protocol as the local and compose labs (target.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +45,8 @@ FAKE_RUN_DIR = Path("/nonexistent/streamlab-fake-lab")
 DEFAULT_CAPABILITIES = frozenset({Capability.TOGGLE_HOPS, Capability.ENGINE_RECORD,
                                   Capability.RESTART_SERVICE})
 
-ToxiproxyOp = Literal["reset", "set_enabled", "add_toxic", "update_toxic", "remove_toxic"]
+ToxiproxyOp = Literal["reset", "set_enabled", "set_upstream", "add_toxic", "update_toxic",
+                      "remove_toxic"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ToxiproxyCall:
 
     op: ToxiproxyOp
     hop: str = ""  # empty for reset, which is every hop's
-    toxic: str = ""  # the toxic's name; for set_enabled "on" or "off"
+    toxic: str = ""  # the toxic's name; for set_enabled "on" or "off"; set_upstream: host:port
 
 
 @dataclass
@@ -132,6 +133,11 @@ class FakeToxiproxy:
     def set_enabled(self, proxy: str, enabled: bool) -> None:
         self._proxy(proxy).enabled = enabled
         self.calls.append(ToxiproxyCall("set_enabled", proxy, "on" if enabled else "off"))
+
+    def set_upstream(self, proxy: str, upstream: str) -> None:
+        held = self._proxy(proxy)
+        held.spec = replace(held.spec, upstream=upstream)
+        self.calls.append(ToxiproxyCall("set_upstream", proxy, upstream))
 
     def toxics(self, proxy: str) -> list[dict[str, Any]]:
         return list(self._proxy(proxy).toxics.values())

@@ -25,7 +25,13 @@ from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
 from streamlab.console.settings import ConsoleSettings
 from streamlab.lab import nginx, processes, proxies, tls
-from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
+from streamlab.lab.endpoints import (
+    REDIS,
+    REDIS_NO_PERSISTENCE,
+    REDIS_PERSISTENCE,
+    ServedLab,
+    http_ok,
+)
 from streamlab.lab.processes import Running, ServiceSpec, StartError
 from streamlab.lab.target import Capability
 from streamlab.lab.topology import (
@@ -77,6 +83,9 @@ class LabOptions:
     # and the user's own config for it (`--proxy-config`); None: the lab's.
     proxy: str = "nginx"
     proxy_config: Path | None = None
+    # Redis's append-only file (endpoints.REDIS_PERSISTENCE); False: no
+    # persistence, the broken mode the `store-restart` scenario contrasts.
+    redis_aof: bool = True
 
     def gateway_settings(self) -> GatewaySettings:
         """The gateways' settings as this lab gives them: its own overrides on top
@@ -194,11 +203,12 @@ class Lab(ServedLab):
                 cwd=REPO_ROOT,
             )
         if self.replicas.redis:
-            # A scratch store: no snapshots, no append-only file (the resume log
-            # lives for minutes); its working dir is the run dir.
+            # The append-only file in the run dir: a Redis killed and started
+            # again (`streamlab` restarts it on the same dir) keeps the log.
+            persistence = REDIS_PERSISTENCE if self.options.redis_aof else REDIS_NO_PERSISTENCE
             specs[REDIS] = ServiceSpec(
                 REDIS, [find_redis(), "--bind", host, "--port", str(p.redis_port),
-                        "--save", "", "--appendonly", "no", "--dir", str(self.run_dir)],
+                        *persistence, "--dir", str(self.run_dir)],
                 ready=probes[REDIS])
         # Several gateways share the resume log in Redis, through the `store` hop.
         store_env = ({"STREAMLAB_GATEWAY_RESUME_STORE": "redis",

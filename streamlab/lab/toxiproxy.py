@@ -121,6 +121,8 @@ class ToxiproxyClient(Protocol):
 
     def set_enabled(self, proxy: str, enabled: bool) -> None: ...
 
+    def set_upstream(self, proxy: str, upstream: str) -> None: ...
+
     def toxics(self, proxy: str) -> list[dict[str, Any]]: ...
 
     def add_toxic(self, proxy: str, toxic: Toxic) -> dict[str, Any]: ...
@@ -230,6 +232,11 @@ class Toxiproxy:
         """Disabling closes every open connection of the proxy and refuses new
         ones: a deterministic cut in the middle of a stream."""
         self._call("POST", f"/proxies/{proxy}", {"enabled": enabled})
+
+    def set_upstream(self, proxy: str, upstream: str) -> None:
+        """Point the proxy at another host:port; Toxiproxy restarts its listener,
+        so its open connections close (the pytest plugin's idle cut uses it)."""
+        self._call("POST", f"/proxies/{proxy}", {"upstream": upstream})
 
     def toxics(self, proxy: str) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", f"/proxies/{proxy}/toxics")

@@ -8,6 +8,16 @@ Starlette app served by uvicorn on a free port in a thread of the test:
             prefill) and sends nothing meanwhile: no heartbeat
     leak    keeps generating when the client leaves, and says so on /metrics
             (vLLM's `vllm:num_requests_running`, which stays up)
+    grow    generates into a queue nobody bounds: a reader that stops reading
+            does not slow it, the answer piles up in the server's memory
+    good    none of these: its generation waits for a reader that stopped
+            (a bounded queue between the model and the socket)
+
+A server may also offer a resumable surface, `POST /v1/streams` and `GET
+/v1/streams/{id}/events` with `Last-Event-ID` (the lab gateway's shape), that
+resumes `exact`ly after the id sent, or misbehaves: `replay` starts from the
+first event again whatever the id (duplicates), `skip` starts two events past
+it (a gap).
 
 Otherwise each streams correctly (framing, usage, 4xx with OpenAI's error
 object for bad input), so only the matching check should flag it.
@@ -18,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import uvicorn
@@ -29,11 +41,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from streamlab.experiments.render import as_json_text
+from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 
-Mode = Literal["buffer", "silent", "leak"]
+Mode = Literal["buffer", "silent", "leak", "grow", "good"]
+Resume = Literal["exact", "replay", "skip"]
 MODEL = "test-model"
 TOKEN_GAP_S = 0.02
+# A longer answer than this is produced at full speed: only the slow-reader
+# check asks for one (megabytes, to outgrow the transport's buffers).
+FAST_ABOVE_TOKENS = 4000
+QUEUE_MAX = 16  # between the generation and the socket, except in the grow mode
+RESUME_TOKENS, RESUME_GAP_S = 30, 0.03
 LONG_PROMPT_CHARS = 5000  # a prompt this long "prefills" for silence_s on the silent server
 
 
@@ -74,15 +94,25 @@ def _usage(tokens: int) -> bytes:
 
 
 class MisbehavingServer:
-    def __init__(self, mode: Mode, silence_s: float = 3.0) -> None:
+    def __init__(self, mode: Mode, silence_s: float = 3.0, resume: Resume | None = None,
+                 max_tokens: int = 20000) -> None:
         self.mode = mode
+        self.max_tokens = max_tokens  # the longest answer it gives
         self.silence_s = silence_s
+        self.resume = resume
         self.running = 0  # generations running now (the leak's gauge)
-        self.app = Starlette(routes=[
+        self.tasks: set[asyncio.Task[None]] = set()  # the streams' producers, kept alive
+        self.logs: dict[str, list[bytes]] = {}  # the resumable streams' events, by id
+        self.ended: dict[str, asyncio.Event] = {}
+        routes = [
             Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/metrics", self.metrics),
-        ])
+        ]
+        if resume is not None:
+            routes += [Route("/v1/streams", self.create_stream, methods=["POST"]),
+                       Route("/v1/streams/{sid}/events", self.stream_events)]
+        self.app = Starlette(routes=routes)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -95,14 +125,17 @@ class MisbehavingServer:
 
     async def generate(self, count: int, prefill_s: float, out: asyncio.Queue[bytes | None]
                        ) -> None:
+        """The model: `count` tokens into `out`; a bounded `out` makes it wait
+        for its reader (backpressure), an unbounded one never does."""
         self.running += 1
+        gap = 0.0 if count > FAST_ABOVE_TOKENS else TOKEN_GAP_S
         try:
             await asyncio.sleep(prefill_s)
             for i in range(count):
-                out.put_nowait(_chunk({"content": f"t{i} "}))
-                await asyncio.sleep(TOKEN_GAP_S)
-            out.put_nowait(_chunk({}, "length"))
-            out.put_nowait(None)
+                await out.put(_chunk({"content": f"t{i} "}))
+                await asyncio.sleep(gap)
+            await out.put(_chunk({}, "length"))
+            await out.put(None)
         finally:
             self.running -= 1
 
@@ -114,12 +147,13 @@ class MisbehavingServer:
         problem = _invalid(body)
         if problem is not None:
             return _error(problem)
-        count = min(body.get("max_tokens", 16), 2000)
+        count = min(body.get("max_tokens", 16), self.max_tokens)
         long_prompt = sum(len(str(m.get("content", ""))) for m in body["messages"])
         prefill_s = self.silence_s if (self.mode == "silent"
                                        and long_prompt > LONG_PROMPT_CHARS) else 0.0
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(
+            0 if self.mode == "grow" else QUEUE_MAX)
         task = asyncio.create_task(self.generate(count, prefill_s, queue))
 
         async def events() -> AsyncIterator[bytes]:
@@ -137,6 +171,59 @@ class MisbehavingServer:
             whole = b"".join([item async for item in events()])
             return Response(whole, media_type="text/event-stream")
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+    # ---- the resumable surface ------------------------------------------------------
+
+    async def produce(self, sid: str) -> None:
+        log, ended = self.logs[sid], self.ended[sid]
+        for i in range(RESUME_TOKENS):
+            log.append(f"id: {sid}:{i + 1}\nevent: token\n"
+                       f"data: {json.dumps({'index': i, 'text': f't{i} '})}\n\n".encode())
+            await asyncio.sleep(RESUME_GAP_S)
+        log.append(f"id: {sid}:{RESUME_TOKENS + 1}\nevent: done\n"
+                   'data: {"finish_reason": "stop"}\n\n'.encode())
+        ended.set()
+
+    async def create_stream(self, request: Request) -> Response:
+        sid = f"s{len(self.logs) + 1}"
+        self.logs[sid], self.ended[sid] = [], asyncio.Event()
+        self.tasks.add(asyncio.create_task(self.produce(sid)))
+        return JSONResponse({"id": sid, "events_url": f"/v1/streams/{sid}/events"},
+                            status_code=201)
+
+    async def stream_events(self, request: Request) -> Response:
+        sid = request.path_params["sid"]
+        if sid not in self.logs:
+            return _error("no such stream", 404)
+        last = request.headers.get("last-event-id", "")
+        start = int(last.rpartition(":")[2]) if last else 0  # events after this sequence
+        if last and self.resume == "replay":
+            start = 0  # the id is ignored: every event again
+        elif last and self.resume == "skip":
+            start += 2  # two events nobody will ever see
+        log, ended = self.logs[sid], self.ended[sid]
+
+        async def events() -> AsyncIterator[bytes]:
+            sent = start
+            while True:
+                while sent < len(log):
+                    yield log[sent]
+                    sent += 1
+                if ended.is_set() and sent >= len(log):
+                    return
+                await asyncio.sleep(RESUME_GAP_S / 3)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def keep(report: Report, server: str) -> None:
+    """With STREAMLAB_CHECK_RESULTS=DIR, the report as DIR/check-<server>.json,
+    the shape `streamlab check --json` prints: how the committed runs in
+    docs/results/ were made."""
+    where = os.environ.get("STREAMLAB_CHECK_RESULTS")
+    if where:
+        (Path(where) / f"check-{server}.json").write_text(as_json_text(report) + "\n")
 
 
 @contextlib.contextmanager

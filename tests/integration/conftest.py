@@ -9,6 +9,7 @@ test's fault never leaks into the next.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -64,6 +65,15 @@ TEST_GATEWAY_ENV: dict[str, str] = {
     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS),
 }
+# The engine wire the whole suite runs on (`make test-wire-multiplexed`): the
+# lab's gateways get it here; every other gateway and EngineClient the tests
+# start reads the same variable from the environment they inherit.
+ENGINE_WIRE = os.environ.get("STREAMLAB_GATEWAY_ENGINE_WIRE", "per_request")
+TEST_GATEWAY_ENV["STREAMLAB_GATEWAY_ENGINE_WIRE"] = ENGINE_WIRE
+
+
+def pytest_report_header() -> str:
+    return f"streamlab engine wire: {ENGINE_WIRE}"
 
 
 def free_lab_ports() -> Ports:

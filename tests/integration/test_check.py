@@ -7,17 +7,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from streamlab.experiments.check.runner import check_url
+from streamlab.experiments.check.runner import CHECKS, check_url
 from streamlab.experiments.check.target import CheckTarget
-from streamlab.experiments.check.verdict import line, verdict
+from streamlab.experiments.check.verdict import line, table, verdict
 from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 from streamlab.lab.target import LabTarget
-from tests.integration.check_servers import MODEL, MisbehavingServer, serve
+from tests.integration.check_servers import MODEL, MisbehavingServer, Resume, keep, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -34,6 +35,10 @@ def target(url: str, model: str = MODEL, metrics_url: str | None = None) -> Chec
                        idle_cut_s=IDLE_CUT_S, streams=6, stop_within_s=2.0, timeout_s=20.0)
 
 
+def part(report: Report, name: str) -> Report:
+    return next(p for p in report.parts if p.variant == name)
+
+
 def explained(report: Report) -> str:
     return "\n".join(f"{line(part)}\n    {part.figures}" for part in report.parts)
 
@@ -41,11 +46,25 @@ def explained(report: Report) -> str:
 @pytest.mark.local_only("the check runs the local Toxiproxy binary in front of the gateway, "
                         "and its subject is the gateway's own code, the same in containers")
 async def test_the_lab_gateway_passes_every_check(lab: LabTarget) -> None:
-    report = await check_url(target(lab.edge_url + "/v1", "streamlab-fake",
-                                    lab.engine_metrics_url_of("engine")))
+    metrics = lab.engine_metrics_url_of("engine")
+    report = await check_url(target(lab.edge_url + "/v1", "streamlab-fake", metrics),
+                             only=tuple(c for c in CHECKS if c != "slow-reader"))
+    # The slow reader straight at the gateway: the edge's hops (Toxiproxy, nginx)
+    # hold megabytes on loopback, and the check would judge their buffers.
+    straight = await check_url(target(lab.gateway_url + "/v1", "streamlab-fake", metrics),
+                               only=("slow-reader",))
+    every = report.parts + straight.parts
+    keep(replace(report, parts=every, tables=(table(every),)), "streamlab-gateway")
     assert set(verdicts(report).values()) == {"pass"}, explained(report)
-    heartbeat = next(p for p in report.parts if p.variant == "heartbeat")
+    assert verdicts(straight) == {"slow-reader": "pass"}, explained(straight)
+    heartbeat = part(report, "heartbeat")
     assert heartbeat.figures["comments"] >= 2  # type: ignore[operator]  # pings, not luck
+    # Both of the gateway's resumable surfaces were tried, each exactly once.
+    assert part(report, "resume").figures["surfaces"] == "streams,responses"
+    # The test gateway's send timeout (3 s) is as long as the shortest pause:
+    # the stopped reader finds its generation held (paused) or, past the
+    # timeout, cut; never made whole for nobody.
+    assert part(straight, "slow-reader").figures["behaviour"] in ("paused", "cut")
 
 
 async def test_a_buffering_server_is_flagged_by_first_byte_only() -> None:
@@ -81,6 +100,59 @@ async def test_a_server_that_generates_for_nobody_is_flagged_by_cancel() -> None
         explained(report)
     cancel = next(p for p in report.parts if p.variant == "cancel")
     assert cancel.figures["gauge"] == "vllm:num_requests_running"
+
+
+def metrics_of(url: str) -> str:
+    return url.removesuffix("/v1") + "/metrics"
+
+
+async def test_a_server_that_buffers_for_a_stopped_reader_is_flagged_by_slow_reader() -> None:
+    with serve(MisbehavingServer("grow")) as url:
+        grows = await check_url(target(url, metrics_url=metrics_of(url)), only=("slow-reader",))
+    with serve(MisbehavingServer("good")) as url:
+        waits = await check_url(target(url, metrics_url=metrics_of(url)), only=("slow-reader",))
+    (bad,), (good,) = grows.parts, waits.parts
+    assert verdict(bad) == "fail", explained(grows)
+    assert line(bad).startswith("fail  slow-reader: behaviour != 'buffered' (measured buffered)")
+    assert bad.figures["running_at_pause_end"] == 0  # done while the reader held 5 tokens
+    # The same answer from a server whose generation waits for its reader.
+    assert verdict(good) == "pass", explained(waits)
+    assert good.figures["behaviour"] == "paused"
+    assert good.figures["answer_bytes"] == bad.figures["answer_bytes"]
+
+
+async def test_an_answer_the_buffers_hold_whole_cannot_judge_a_slow_reader() -> None:
+    with serve(MisbehavingServer("grow", max_tokens=2000)) as url:
+        report = await check_url(target(url, metrics_url=metrics_of(url)), only=("slow-reader",))
+    (only,) = report.parts
+    assert verdict(only) == "n/a", explained(report)
+    assert only.reason.startswith("needs long: the whole answer (")
+    assert only.figures["answer_tokens"] == 2000
+
+
+@pytest.mark.parametrize(("resume", "duplicates", "missing"),
+                         [("replay", 5, 0), ("skip", 0, 2)])
+async def test_a_resume_that_replays_or_skips_is_flagged(
+        resume: Resume, duplicates: int, missing: int) -> None:
+    with serve(MisbehavingServer("good", resume=resume)) as url:
+        report = await check_url(target(url), only=("resume",))
+    (only,) = report.parts
+    assert verdict(only) == "fail", explained(report)
+    assert only.figures["streams_duplicates"] == duplicates
+    assert only.figures["streams_missing"] == missing
+    assert line(only).startswith("fail  resume: streams_exactly_once == True (measured no)")
+
+
+async def test_a_resume_after_the_last_id_passes_and_no_surface_is_na() -> None:
+    with serve(MisbehavingServer("good", resume="exact")) as url:
+        exact = await check_url(target(url), only=("resume",))
+    with serve(MisbehavingServer("good")) as url:
+        none = await check_url(target(url), only=("resume",))
+    assert verdicts(exact) == {"resume": "pass"}, explained(exact)
+    assert exact.parts[0].figures["surfaces"] == "streams"
+    (na,) = none.parts
+    assert verdict(na) == "n/a"
+    assert na.reason.startswith("needs resumable: streams: POST /streams answered 404")
 
 
 async def test_without_metrics_the_cancel_check_says_not_observable() -> None:

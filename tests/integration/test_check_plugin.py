@@ -18,6 +18,8 @@ from tests.integration.check_servers import MODEL, MisbehavingServer, serve
 pytestmark = pytest.mark.integration
 
 USER_TESTS = '''
+import time
+
 import httpx
 import pytest
 
@@ -38,9 +40,41 @@ def test_a_cut_hop_refuses(streamlab_edge_url, streamlab_toxics):
     with streamlab_toxics.cut("edge"), pytest.raises(httpx.TransportError):
         httpx.post(streamlab_edge_url + "/v1/chat/completions", json=BODY, timeout=5)
 
-def test_an_idle_cut_ends_the_stream(streamlab_edge_url, streamlab_toxics):
-    with streamlab_toxics.idle_cut("edge", seconds=1), pytest.raises(httpx.TransportError):
-        httpx.post(streamlab_edge_url + "/v1/chat/completions", json=BODY, timeout=5)
+# A 2.5 s silence before the first token, with the gateway's `: ping` every
+# 0.3 s or none: an idle cut of 1 s must cut the one and spare the other.
+def silent_for(heartbeat_s):
+    return {**BODY, "streamlab": {"prefill_ms": 2500, "token_gap_ms": 10, "answer_tokens": 4,
+                                  "heartbeat_s": heartbeat_s}}
+
+def timed_post(url, body):
+    started = time.monotonic()
+    try:
+        return httpx.post(url + "/v1/chat/completions", json=body, timeout=10), \
+            time.monotonic() - started
+    except httpx.TransportError as exc:
+        return exc, time.monotonic() - started
+
+def test_an_idle_cut_cuts_a_silent_stream_and_spares_a_heartbeating_one(
+        streamlab_edge_url, streamlab_toxics):
+    upstream = streamlab_toxics.client.proxy("edge")["upstream"]
+    with streamlab_toxics.idle_cut("edge", seconds=1):
+        silent, silent_s = timed_post(streamlab_edge_url, silent_for(0))
+        pinged, pinged_s = timed_post(streamlab_edge_url, silent_for(0.3))
+    assert isinstance(silent, httpx.TransportError), silent
+    assert 1.0 <= silent_s < 2.5  # cut after the idle second, before the first token
+    assert not isinstance(pinged, Exception), pinged
+    assert "data: [DONE]" in pinged.text and ": ping" in pinged.text
+    assert pinged_s >= 2.5  # it outlived the cut: the timer restarts on each byte
+    # The hop is back as it was, and streams through it again.
+    assert streamlab_toxics.client.proxy("edge")["upstream"] == upstream
+    assert "data: [DONE]" in timed_post(streamlab_edge_url, BODY)[0].text
+
+def test_toxiproxys_timeout_toxic_is_no_idle_cut(streamlab_edge_url, streamlab_toxics):
+    """Why idle_cut brings its own relay: the `timeout` toxic cuts after a fixed
+    time, bytes or none, so the heartbeating stream dies as well."""
+    with streamlab_toxics._toxic("edge", "timeout", {"timeout": 1000}):
+        pinged, _ = timed_post(streamlab_edge_url, silent_for(0.3))
+    assert isinstance(pinged, httpx.TransportError), pinged
 '''
 
 
@@ -54,7 +88,7 @@ def test_the_fixtures_drive_the_running_lab(lab: LabTarget, tmp_path: Path) -> N
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
     done = pytest_in(tmp_path, "--streamlab-run-dir", str(lab.run_dir))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert "4 passed" in done.stdout
 
 
 def test_the_check_suite_runs_as_tests(tmp_path: Path) -> None:

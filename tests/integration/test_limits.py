@@ -40,10 +40,11 @@ async def test_a_claimed_client_id_does_not_buy_another_cap(
 ) -> None:
     """Without auth the client is its address (nginx forwards it); X-Client-Id
     used to be the key, so a client dodged its cap by naming itself anew.
-    The cap is each gateway's: with replicas, nginx (least_conn) spreads the
-    held streams evenly, so a client holds the cap on every gateway."""
+    With replicas the cap is still one: they count it together in Redis
+    (services/gateway/shared_caps.py; each used to count alone, so a client
+    held the cap on every gateway)."""
     async with contextlib.AsyncExitStack() as held:
-        for i in range(TEST_PER_CLIENT_STREAMS * len(lab.gateway_names)):
+        for i in range(TEST_PER_CLIENT_STREAMS):
             response = await held.enter_async_context(
                 http.stream("POST", url(lab), json=SLOW, headers={"X-Client-Id": f"hog-{i}"}))
             assert response.status_code == 200

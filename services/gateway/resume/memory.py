@@ -67,7 +67,7 @@ async def follow_local(stream: ResumableStream, after: int, record: Attach
             if not replay.entries and replay.missed is None:
                 await changed.wait()
     finally:
-        stream.detach()
+        stream.detach(record)
 
 
 def find_local(registry: StreamRegistry, stream_id: str, owner: str
@@ -132,7 +132,7 @@ class MemoryStore(ResumeStore):
 
     def follow(self, found: FoundStream, after: int, record: Attach
                ) -> AsyncIterator[ServerSentEvent]:
-        return follow_local(self._stream(found), after, record)
+        return follow_local(self._stream(found), after, self.stamped(record))
 
     async def close(self) -> None:
         await self.registry.close()

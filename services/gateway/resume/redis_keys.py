@@ -19,6 +19,10 @@ pipeline of one stream's writes then stays valid there).
     <prefix>:{<id>}:attaches   List: the newest readers' attach records (JSON,
                                the status endpoint's `attaches`), from every
                                replica a reader came to; expires with meta
+    <prefix>:{<id>}:readers    Sorted set: the readers connected now on any
+                               replica (their attach record, JSON), scored
+                               with the unix ms their presence expires at
+                               (services/gateway/resume/record.py)
     <prefix>:{<id>}:gone       String: set when the stream ends, outlives the
                                rest by the tombstone time, so an expired id
                                answers 410 rather than 404
@@ -53,12 +57,13 @@ class StreamKeys:
     followers: str
     gone: str
     attaches: str
+    readers: str
 
 
 def stream_keys(prefix: str, stream_id: str) -> StreamKeys:
     base = f"{prefix}:{{{stream_id}}}"
     return StreamKeys(f"{base}:events", f"{base}:meta", f"{base}:followers", f"{base}:gone",
-                      f"{base}:attaches")
+                      f"{base}:attaches", f"{base}:readers")
 
 
 ALIVE_TTL_S = 3.0

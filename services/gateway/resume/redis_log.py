@@ -67,19 +67,29 @@ class StoreMetrics:
         self.read_failures = Counter("streamlab_gateway_resume_store_read_failures",
                                      "Resumes, statuses or live tails the store failed",
                                      registry=registry)
-        # When this replica's heartbeat (its alive key and control channel,
-        # once a second) last failed to reach the store: while that is recent,
-        # another replica's missing alive key says more about the store than
-        # about that replica (RedisStore._owner_gone). A reader's or writer's
-        # call that timed out does not count: under load those fail while the
-        # store is up (docs/resume.md, "The owner dies").
+        # When this replica last failed to reach the store (any call: the
+        # record's writes skip the store for a moment after one).
         self.last_failure_at = -math.inf
+        # When its heartbeat (its alive key and control channel, once a
+        # second) last failed: while that is recent, another replica's missing
+        # alive key says more about the store than about that replica
+        # (RedisStore._owner_gone, the take-over sweep). A reader's or
+        # writer's call that timed out does not count: under load those fail
+        # while the store is up (docs/resume.md, "The owner dies").
+        self.last_heartbeat_failure_at = -math.inf
 
     def store_failed(self) -> None:
         self.last_failure_at = time.monotonic()
 
     def store_failed_within(self, seconds: float) -> bool:
         return time.monotonic() - self.last_failure_at < seconds
+
+    def heartbeat_failed(self) -> None:
+        self.store_failed()
+        self.last_heartbeat_failure_at = time.monotonic()
+
+    def heartbeat_failed_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.last_heartbeat_failure_at < seconds
 
 
 def _already_written(result: object) -> bool:
@@ -189,7 +199,7 @@ class LogMirror:
                 pipe.xadd(keys.events, {"k": entry.kind, "d": entry.data}, id=entry_id(entry.seq),
                           maxlen=meta.max_events, approximate=False)
             pipe.hset(keys.meta, mapping=meta.to_hash())
-            for key in (keys.events, keys.meta, keys.followers, keys.attaches):
+            for key in (keys.events, keys.meta, keys.followers, keys.attaches, keys.readers):
                 pipe.pexpire(key, ttl_ms)
             if meta.ended:
                 # The tombstone names the owner: a 410 is told only to it (others: 404).

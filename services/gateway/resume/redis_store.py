@@ -43,7 +43,6 @@ import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -52,6 +51,7 @@ from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import EngineError
 from services.gateway.resume.memory import MemoryStore, expired, find_local, follow_local, unknown
+from services.gateway.resume.record import RecordWriter, read_record
 from services.gateway.resume.redis_control import POLL_S as CONTROL_POLL_S
 from services.gateway.resume.redis_control import ControlChannel
 from services.gateway.resume.redis_keys import (
@@ -77,7 +77,6 @@ from services.gateway.resume.redis_tail import (
 from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_stream_id
 from services.gateway.resume.store import FoundStream, ResumeStore
 from services.gateway.resume.streams import (
-    MAX_ATTACH_RECORDS,
     REATTACH_BACKOFF_S,
     REATTACH_WINDOW_S,
     Attach,
@@ -120,17 +119,9 @@ if ARGV[1] ~= '' and alive and (ARGV[3] == '' or alive == ARGV[3]) then return -
 redis.call('HSET', KEYS[1], 'replica', ARGV[2], 'incarnation', ARGV[4])
 return tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
 """
-# Records one reader's attach, wherever it attached: KEYS attaches, meta; ARGV
-# the record (JSON), how many to keep, a TTL (ms) for when meta has none left.
-# The list expires with the stream's meta (the writer's PEXPIREs move both).
-RECORD_ATTACH = """
-redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl <= 0 then ttl = tonumber(ARGV[3]) end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return ttl
-"""
+# How long after a store failure a reader's record is not waited for (it
+# would wait the whole Redis bound again, on every resume while it is down).
+RECORD_SKIP_AFTER_FAILURE_S = 5.0
 # How long after this replica's own last store failure a missing alive key is
 # not taken as a dead owner: the key's TTL (it may have expired during the
 # outage), plus the owner's control loop getting back (its reconnect backoff
@@ -307,7 +298,7 @@ class RedisStore(ResumeStore):
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
         self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
-                                      self._on_command, self.store_metrics.store_failed)
+                                      self._on_command, self.store_metrics.heartbeat_failed)
         # replica -> (when asked, its alive key's value): every quiet reader of
         # a lost owner's streams asks the same question each poll; one answer
         # per poll interval serves them all (hundreds of GETs a second fewer).
@@ -315,11 +306,15 @@ class RedisStore(ResumeStore):
         self._mirrors: set[LogMirror] = set()
         self._end_orphan = self.redis.register_script(END_ORPHAN)
         self._claim = self.redis.register_script(CLAIM)
-        self._record_attach = self.redis.register_script(RECORD_ATTACH)
-        self._attach_writes: set[asyncio.Task[None]] = set()
+        # The stream's record (attaches, readers), shared: services/gateway/resume/record.py.
+        self.record = RecordWriter(
+            self.redis, settings.redis_follower_ttl_s, settings.redis_timeout_s,
+            fallback_ttl_s=settings.max_stream_duration_s + settings.resume_ttl_s)
+        self._prewritten: set[str] = set()  # readers `attached` wrote, until `follow`
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
         self._sweeper: asyncio.Task[None] | None = None
         self._sweeping: set[str] = set()  # lost replicas whose streams the sweep takes over
+        self._disowning: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
         self._owned_key = owned_key(KEY_PREFIX, settings.replica_id)
         self._owned_ttl_ms = int((settings.max_stream_duration_s + settings.resume_ttl_s) * 1000)
 
@@ -334,6 +329,7 @@ class RedisStore(ResumeStore):
     async def open(self, gateway: Gateway) -> None:
         self._gateway = gateway
         self.control.start()
+        self.record.start()
         self._sweeper = asyncio.get_running_loop().create_task(
             self._sweep_forever(), name="resume-takeover-sweep")
 
@@ -421,6 +417,8 @@ class RedisStore(ResumeStore):
                            ahead=0 if meta.ended else self.settings.redis_pending_max_events)
 
     async def status(self, found: FoundStream) -> dict[str, Any]:
+        """The same record (attaches, readers, followers) whichever replica
+        answers: it is read from the store (services/gateway/resume/record.py)."""
         stream = self.local(found.id)
         keys = stream_keys(KEY_PREFIX, found.id)
         if stream is not None:
@@ -429,7 +427,10 @@ class RedisStore(ResumeStore):
             # own memory when the store cannot say (it still knows its own).
             with contextlib.suppress(*STORE_ERRORS):
                 async with self._bounded():
-                    snapshot["attaches"] = await self._attaches(keys) or snapshot["attaches"]
+                    attaches, readers = await read_record(self.redis, keys)
+                if attaches:
+                    snapshot.update(attaches=attaches, readers=readers,
+                                    followers=len(readers))
             return snapshot
         try:
             async with self._bounded():
@@ -437,49 +438,63 @@ class RedisStore(ResumeStore):
                 if meta is None:
                     raise expired(found.id)
                 first = await first_seq(self.redis, keys, meta.last_seq)
-                followers = await fresh_followers(self.redis, keys)
-                attaches = await self._attaches(keys)
+                attaches, readers = await read_record(self.redis, keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return {"id": found.id, "state": meta.state.value, "cancel_reason": meta.cancel_reason,
-                # readers elsewhere; the owner's own readers are in its own answer
-                "followers": followers, "first_seq": first, "last_seq": meta.last_seq,
+                # every replica's readers, as the owner answers
+                "followers": len(readers), "first_seq": first, "last_seq": meta.last_seq,
                 "last_event_id": event_id(found.id, meta.last_seq), "replay_bytes": None,
                 "grace_s": meta.grace_s, "ttl_s": meta.ttl_s, "attaches": attaches,
-                "replica": meta.replica}
+                "readers": readers, "replica": meta.replica}
 
-    async def _attaches(self, keys: StreamKeys) -> list[dict[str, Any]]:
-        return [json.loads(raw) for raw in await self.redis.lrange(keys.attaches, 0, -1)]
-
-    def _share_attach(self, stream_id: str, record: Attach) -> None:
-        """Put a reader's attach record in the shared log, in the background: a
-        status asked on any replica lists every reader (a browser that resumed
-        on another gateway than the owner was missing from the owner's answer,
-        and the other gateway's was empty). Best effort: never delays a reader."""
-        keys = stream_keys(KEY_PREFIX, stream_id)
-        fallback_ms = int((self.settings.max_stream_duration_s + self.settings.resume_ttl_s)
-                          * 1000)
-
-        async def write() -> None:
-            with contextlib.suppress(*STORE_ERRORS):
-                async with self._bounded():
-                    await self._record_attach(
-                        keys=[keys.attaches, keys.meta],
-                        args=[json.dumps(asdict(record)), MAX_ATTACH_RECORDS, fallback_ms])
-
-        task = asyncio.get_running_loop().create_task(write(), name=f"attach-{stream_id}")
-        self._attach_writes.add(task)
-        task.add_done_callback(self._attach_writes.discard)
+    async def attached(self, found: FoundStream, record: Attach) -> None:
+        """Write the reader into the shared record before its response starts
+        (a browser that resumed and asked for the status on open was missing
+        from it: the write was in the background). Bounded, and skipped while
+        the store has just failed, so an owner's readers never wait on a store
+        that is down; then the record lacks them (best effort)."""
+        record = self.stamped(record)
+        self._prewritten.add(record.reader)
+        if self.store_metrics.store_failed_within(RECORD_SKIP_AFTER_FAILURE_S):
+            return
+        try:
+            await self.record.attach(stream_keys(KEY_PREFIX, found.id), record)
+        except STORE_ERRORS:
+            self.store_metrics.write_failures.inc()
+            self.store_metrics.store_failed()
 
     def follow(self, found: FoundStream, after: int, record: Attach
                ) -> AsyncIterator[ServerSentEvent]:
-        self._share_attach(found.id, record)
+        record = self.stamped(record)
+        keys = stream_keys(KEY_PREFIX, found.id)
+        if record.reader in self._prewritten:
+            self._prewritten.discard(record.reader)
+        else:  # a surface that did not call `attached` (its response has started)
+            self.record.background(keys, record)
+        return self._recorded(keys, record, self._events(found, after, record, keys))
+
+    async def _recorded(self, keys: StreamKeys, record: Attach,
+                        events: AsyncIterator[ServerSentEvent]
+                        ) -> AsyncIterator[ServerSentEvent]:
+        """The reader is in `readers` while it reads, on whichever replica."""
+        self.record.reading(keys, record)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self.record.left(record)
+            aclose = getattr(events, "aclose", None)  # the reader's own detach
+            if aclose is not None:
+                await aclose()
+
+    def _events(self, found: FoundStream, after: int, record: Attach, keys: StreamKeys
+                ) -> AsyncIterator[ServerSentEvent]:
         stream = self.local(found.id)
         if stream is not None and after + 1 >= stream.log.first_seq:
             return follow_local(stream, after, record)
         # Elsewhere, or taken over here after what the client asks for: from Redis.
-        keys = stream_keys(KEY_PREFIX, found.id)
         presence = Presence(self.redis, keys, self.settings.replica_id,
                             self.settings.redis_follower_ttl_s)
         def local_after(stream_id: str, cursor: int) -> AsyncIterator[ServerSentEvent] | None:
@@ -559,7 +574,7 @@ class RedisStore(ResumeStore):
             alive = await self._alive(meta.replica)
             if alive is not None and meta.incarnation in ("", alive):
                 return False  # it runs (a restarted one under its name does not count)
-            if self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
+            if self.store_metrics.heartbeat_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
                 # This replica's own heartbeat could not reach the store a
                 # moment ago either: the owner's key most likely expired in the
                 # same outage, not with the owner. Judge again once the owner
@@ -637,8 +652,8 @@ class RedisStore(ResumeStore):
 
         with contextlib.suppress(RuntimeError):  # no loop left: the key expires
             task = asyncio.get_running_loop().create_task(remove(), name=f"disown-{stream_id}")
-            self._attach_writes.add(task)
-            task.add_done_callback(self._attach_writes.discard)
+            self._disowning.add(task)
+            task.add_done_callback(self._disowning.discard)
 
     async def _sweep_forever(self) -> None:
         """Every SWEEP_S: is a replica that owns streams gone? Take all of its
@@ -657,7 +672,7 @@ class RedisStore(ResumeStore):
     async def _sweep(self) -> None:
         if (not self.settings.reattach or self._gateway is None
                 or self._gateway.drain.draining
-                or self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S)):
+                or self.store_metrics.heartbeat_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S)):
             return
         async with asyncio.timeout(SWEEP_TIMEOUT_S):
             replicas: set[str] = await self.redis.smembers(replicas_key(KEY_PREFIX))
@@ -762,7 +777,8 @@ class RedisStore(ResumeStore):
         await asyncio.gather(*(m.stop(self.settings.redis_timeout_s) for m in self._mirrors),
                              return_exceptions=True)
         await self.control.stop()
-        await asyncio.gather(*self._attach_writes, return_exceptions=True)  # each bounded
+        await self.record.close()
+        await asyncio.gather(*self._disowning, return_exceptions=True)  # each bounded
         for client in (self.redis, self.tail_redis):
             with contextlib.suppress(*STORE_ERRORS):
                 await client.aclose()

@@ -19,7 +19,7 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sse_starlette import ServerSentEvent
@@ -86,6 +86,16 @@ class ResumeStore(ABC):
     # Whether its generations are opened detachable (they outlive this
     # gateway's call, so another replica can re-attach to them).
     detachable_generations = False
+
+    def stamped(self, record: Attach) -> Attach:
+        """The record as this replica's: the same (equal) record every time."""
+        return record if record.replica else replace(record, replica=self.settings.replica_id)
+
+    async def attached(self, found: FoundStream, record: Attach) -> None:  # noqa: B027
+        """A reader is about to be served (`follow` with the same record comes
+        next): a store whose record is shared writes it now, before the
+        response starts, so a status asked the moment the client sees the
+        response open lists it on every replica. Never refuses the reader."""
 
     async def open(self, gateway: Gateway) -> None:  # noqa: B027 (optional)
         """Start what the store runs in the background (the app's lifespan);

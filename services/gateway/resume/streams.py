@@ -42,7 +42,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -84,6 +84,10 @@ class Attach:
     last_event_id: str | None  # what the client sent (header or query)
     resumed_after: int  # the sequence number this connection continued after
     missed: tuple[int, int] | None  # what it asked for that was already dropped
+    # The replica it attached to (the store stamps it) and this connection's
+    # own id: a reader in the stream's record (services/gateway/resume/record.py).
+    replica: str = ""
+    reader: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class ResumableStream:
         self.cancel_reason: str | None = None
         self.followers = 0
         self.attaches: list[Attach] = []
+        self.readers: dict[str, Attach] = {}  # connected now, by reader id
         self.created = time.monotonic()
         self.ended_at: float | None = None
         self._lease = lease
@@ -160,10 +165,13 @@ class ResumableStream:
     def attach(self, record: Attach) -> None:
         self.followers += 1
         self.attaches = [*self.attaches[-(MAX_ATTACH_RECORDS - 1):], record]
+        self.readers[record.reader] = record
         self._disarm()
 
-    def detach(self) -> None:
+    def detach(self, record: Attach | None = None) -> None:
         self.followers -= 1
+        if record is not None:
+            self.readers.pop(record.reader, None)
         if self.followers == 0 and not self.ended:
             self._arm(self.policy.grace_s, "resume_grace_expired")
 
@@ -294,6 +302,7 @@ class ResumableStream:
             "grace_s": self.policy.grace_s,
             "ttl_s": self.policy.ttl_s,
             "attaches": [asdict(a) for a in self.attaches],
+            "readers": [asdict(r) for r in sorted(self.readers.values(), key=lambda r: r.at)],
         }
 
 

@@ -5,6 +5,10 @@ Cancel latency is `engine cancelled_at - client left_at`, both CLOCK_MONOTONIC
 on one machine. Wasted tokens are the engine's `tokens_after_cancel` (decode
 steps run after the cancel reached it) plus tokens generated after the client
 left but before the cancel arrived (the relay's lag).
+
+`--wire both` runs the same abandonment once per engine wire (the gateways
+restarted on each, put back after): a cancelled gRPC call (RST_STREAM) against
+an abort message on the multiplexed Session, side by side.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -22,11 +27,13 @@ import httpx
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.generation_end import wait_for_end
-from streamlab.experiments.report import Check, Figures, Report, judge
-from streamlab.lab.target import Capability, LabTarget, require
+from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
+from streamlab.lab.target import Capability, LabTarget, MissingCapability, require
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
+WIRES = ("per_request", "multiplexed")
+WIRE_ENV = "STREAMLAB_GATEWAY_ENGINE_WIRE"
 
 
 @dataclass
@@ -197,3 +204,59 @@ def bench_cancel(lab: LabTarget, *, location: str = "/", streams: int = 200,
             url, lab.engine_stats, lab.ports.host, lab.ports.edge_port, background,
             streams=streams, concurrency=concurrency, gap_ms=gap_ms,
             progress=progress)).report(gap_ms)
+
+
+@contextmanager
+def gateway_wire(lab: LabTarget, wire: str) -> Iterator[None]:
+    """Every gateway of a local lab restarted on `wire`; put back after."""
+    from streamlab.lab.local import Lab
+
+    if not isinstance(lab, Lab):
+        raise MissingCapability("pids", "bench cancel --wire restarts the gateways")
+    env = lab.options.gateway_env
+    saved = env.get(WIRE_ENV)
+
+    def restart() -> None:
+        for name in lab.gateway_names:
+            lab.stop_service(name)
+            lab.start_service(name)
+
+    env[WIRE_ENV] = wire
+    restart()
+    try:
+        yield
+    finally:
+        if saved is None:
+            env.pop(WIRE_ENV, None)
+        else:
+            env[WIRE_ENV] = saved
+        restart()
+
+
+def bench_cancel_wires(lab: LabTarget, wires: tuple[str, ...], *, location: str = "/",
+                       streams: int = 200, concurrency: int = 20, gap_ms: int = 20,
+                       background: int = 0,
+                       progress: Callable[[], None] | None = None) -> Report:
+    """bench_cancel once per wire: a table of the cancel latencies side by
+    side, each wire's figures prefixed by its name, and each wire's checks kept
+    (a cancel lost on either wire fails the run)."""
+    figures: Figures = {}
+    checks: list[Check] = []
+    rows: list[tuple[Figure, ...]] = []
+    story = ""
+    for wire in wires:
+        with gateway_wire(lab, wire):
+            report = bench_cancel(lab, location=location, streams=streams,
+                                  concurrency=concurrency, gap_ms=gap_ms,
+                                  background=background, progress=progress)
+        story = report.story
+        figures.update({f"{wire}_{name}": value for name, value in report.figures.items()})
+        checks += [Check(f"{wire}_{r.check.figure}", r.check.op, r.check.bound,
+                         f"{wire}: {r.check.why}") for r in report.checks]
+        rows.append((wire, *(report.figures.get(f"cancel_latency_{q}_ms")
+                             for q in ("p50", "p99", "max")),
+                     report.figures.get("tokens_after_cancel")))
+    table = Table("cancel latency by engine wire (client left -> engine cancelled)",
+                  ("wire", "p50 ms", "p99 ms", "max ms", "tokens after cancel"), tuple(rows))
+    return Report("bench cancel", story=f"{story}; on each engine wire", figures=figures,
+                  checks=judge(tuple(checks), figures), tables=(table,))

@@ -14,7 +14,7 @@ import statistics
 import anyio
 import httpx
 
-from streamlab.experiments.check.stream import StreamRecord, stream_chat
+from services.client.openai_stream import StreamResult, stream_chat
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import Check, Report
@@ -32,10 +32,11 @@ def percentile(values: list[float], q: float) -> float:
 async def cadence(client: httpx.AsyncClient, target: CheckTarget) -> Report:
     body = target.body("List twenty animals, one per line.", max_tokens=64,
                        lab={"prefill_ms": 50, "token_gap_ms": 20, "answer_tokens": 40})
-    records: list[StreamRecord] = []
+    records: list[StreamResult] = []
 
     async def one() -> None:
-        records.append(await stream_chat(client, target.chat_url, body, target.headers()))
+        records.append(await stream_chat(client, target.chat_url, body,
+                                         headers=target.headers()))
 
     async with anyio.create_task_group() as group:
         for _ in range(target.streams):

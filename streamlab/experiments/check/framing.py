@@ -16,7 +16,7 @@ import json
 
 import httpx
 
-from streamlab.experiments.check.stream import stream_chat
+from services.client.openai_stream import stream_chat
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import judged
 from streamlab.experiments.report import JSON, Check, Report
@@ -57,13 +57,13 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
     body = target.body("Say hello in five words.", max_tokens=16,
                        lab={"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": 8},
                        stream_options={"include_usage": True})
-    record = await stream_chat(client, target.chat_url, body, target.headers())
+    record = await stream_chat(client, target.chat_url, body, headers=target.headers())
     usage = (record.last_chunk or {}).get("usage")
     figures = {
-        "status": record.status, "events": record.events, "tokens": record.tokens,
+        "status": record.status, "events": record.events, "tokens": record.token_chunks,
         "not_json": len(record.bad_json), "done_last": record.done and not record.after_done,
         "usage_on_last": isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int),
-        "transport_error": record.error or None,
+        "transport_error": record.error_text or None,
     }
     return judged("framing", "events parse (WHATWG), [DONE] ends the stream, usage on the "
                   "last chunk", figures, (
@@ -77,19 +77,23 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
     ))
 
 
-async def error_framing(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+async def error_framing(shared: httpx.AsyncClient, target: CheckTarget) -> Report:
     headers = {**target.headers(), "Content-Type": "application/json"}
     statuses: dict[str, int] = {}
     shapes: dict[str, bool] = {}
-    for name, raw in malformed(target.model).items():
-        try:
-            response = await client.post(target.chat_url, content=raw, headers=headers)
-        except httpx.HTTPError:
-            statuses[name] = 0  # dropped without an answer
-            shapes[name] = False
-            continue
-        statuses[name] = response.status_code
-        shapes[name] = error_shape(response.content)
+    # Connections of their own: a server may close a kept-alive connection after
+    # a bad request (llm-mock-api does after its 500), and the next check would
+    # meet that close on a reused connection as its own failure.
+    async with httpx.AsyncClient(timeout=shared.timeout) as client:
+        for name, raw in malformed(target.model).items():
+            try:
+                response = await client.post(target.chat_url, content=raw, headers=headers)
+            except httpx.HTTPError:
+                statuses[name] = 0  # dropped without an answer
+                shapes[name] = False
+                continue
+            statuses[name] = response.status_code
+            shapes[name] = error_shape(response.content)
     not_4xx = [f"{name}: {code or 'dropped'}" for name, code in statuses.items()
                if not 400 <= code < 500]
     figures = {
@@ -97,6 +101,7 @@ async def error_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repor
         "answered_5xx": sum(code >= 500 for code in statuses.values()),
         "not_4xx": len(not_4xx),
         "first_not_4xx": not_4xx[0] if not_4xx else None,
+        "every_not_4xx": "; ".join(not_4xx) or None,
         "error_object": all(shapes.values()),
         "first_bad_shape": next((n for n, ok in shapes.items() if not ok), None),
     }

@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from services.client.openai_stream import StreamResult, stream_chat
 from streamlab.experiments.check.hop import idle_cut_relay
-from streamlab.experiments.check.stream import StreamRecord, stream_chat
 from streamlab.experiments.check.target import CheckTarget, Needs
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import JSON, Check, Report
@@ -41,11 +41,11 @@ def silence_body(target: CheckTarget) -> dict[str, JSON]:
         "prefill_ms": int(target.silence_s * 1000), "token_gap_ms": 10, "answer_tokens": 5})
 
 
-def _too_short(record: StreamRecord, target: CheckTarget) -> str | None:
+def _too_short(record: StreamResult, target: CheckTarget) -> str | None:
     """Why this record cannot judge a heartbeat, or None when it can."""
     if record.status != 200 or record.first_token_s is None:
         return (f"no token came back (status {record.status}"
-                f"{', ' + record.error if record.error else ''})")
+                f"{', ' + record.error_text if record.error else ''})")
     if record.first_token_s < target.idle_cut_s:
         lever = "the lab's prefill_ms" if target.lab_knobs else "a long prompt"
         return (f"needs {Needs.SILENCE}: the first token came at {record.first_token_s:.3g} s, "
@@ -55,8 +55,9 @@ def _too_short(record: StreamRecord, target: CheckTarget) -> str | None:
 
 
 async def heartbeat(client: httpx.AsyncClient, target: CheckTarget
-                    ) -> tuple[Report, StreamRecord]:
-    record = await stream_chat(client, target.chat_url, silence_body(target), target.headers())
+                    ) -> tuple[Report, StreamResult]:
+    record = await stream_chat(client, target.chat_url, silence_body(target),
+                               headers=target.headers())
     story = "bytes through a long silence before the first token"
     figures = {"ttft_s": record.first_token_s, "longest_silence_s": record.longest_silence_s,
                "comments": record.comments,
@@ -70,7 +71,7 @@ async def heartbeat(client: httpx.AsyncClient, target: CheckTarget
     )), record
 
 
-async def idle_cut(client: httpx.AsyncClient, target: CheckTarget, direct: StreamRecord
+async def idle_cut(client: httpx.AsyncClient, target: CheckTarget, direct: StreamResult
                    ) -> Report:
     """Through an idle-cutting relay in front of `target` (the Toxiproxy hop)."""
     story = f"a stream survives a hop that cuts {target.idle_cut_s:g} s of silence"
@@ -83,9 +84,9 @@ async def idle_cut(client: httpx.AsyncClient, target: CheckTarget, direct: Strea
     async with idle_cut_relay(parts.hostname or "", target.port, target.idle_cut_s) as port:
         cut_target = target.via("127.0.0.1", port)
         record = await stream_chat(client, cut_target.chat_url, silence_body(cut_target),
-                                   cut_target.headers())
-    figures = {"reached_done": record.done, "tokens": record.tokens,
-               "transport_error": record.error or None, "idle_cut_s": target.idle_cut_s}
+                                   headers=cut_target.headers())
+    figures = {"reached_done": record.done, "tokens": record.token_chunks,
+               "transport_error": record.error_text or None, "idle_cut_s": target.idle_cut_s}
     return judged("idle-cut", story, figures, (
         Check("reached_done", "==", True, "the hop cut the stream in its silence: " + FIX),
     ))

@@ -12,6 +12,9 @@
                     after a fixed time from when it is added, bytes or no bytes,
                     so it cuts a heartbeating stream too; an idle cut must count
                     from the last byte.
+    idle_cut_relay_thread  the same relay on an event loop of its own in a
+                    thread, for synchronous callers (the pytest plugin's
+                    `streamlab_toxics.idle_cut`, which points a lab hop at it)
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +93,33 @@ async def idle_cut_relay(host: str, port: int, idle_s: float) -> AsyncIterator[i
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def idle_cut_relay_thread(host: str, port: int, idle_s: float) -> Iterator[int]:
+    """idle_cut_relay served from a thread with its own event loop; yields its
+    port, and stops it (every connection closed) on exit."""
+    ready: Future[tuple[int, asyncio.AbstractEventLoop, asyncio.Event]] = Future()
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        async with idle_cut_relay(host, port, idle_s) as listening:
+            ready.set_result((listening, asyncio.get_running_loop(), stop))
+            await stop.wait()
+
+    def run() -> None:
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:  # a relay that could not start: tell the caller
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    thread = threading.Thread(target=run, name="idle-cut-relay", daemon=True)
+    thread.start()
+    listening, loop, stop = ready.result(timeout=10.0)
+    try:
+        yield listening
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=10.0)

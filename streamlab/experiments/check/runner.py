@@ -11,14 +11,23 @@ from pathlib import Path
 import httpx
 
 from streamlab.errors import StreamlabError
-from streamlab.experiments.check import cancel, concurrency, framing, heartbeat, timing
+from streamlab.experiments.check import (
+    cancel,
+    concurrency,
+    framing,
+    heartbeat,
+    resume,
+    slow_reader,
+    timing,
+)
 from streamlab.experiments.check.hop import Hop, toxiproxy_hop
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import EXPERIMENT, errored, table
 from streamlab.experiments.report import Report
 from streamlab.lab.target import TargetUnreachable
 
-CHECKS = ("framing", "errors", "first-byte", "heartbeat", "idle-cut", "cancel", "concurrency")
+CHECKS = ("framing", "errors", "first-byte", "heartbeat", "idle-cut", "cancel", "slow-reader",
+          "resume", "concurrency")
 
 
 async def probe(target: CheckTarget) -> str:
@@ -81,6 +90,10 @@ async def run_checks(target: CheckTarget, only: tuple[str, ...] = CHECKS) -> Rep
                     parts.append(await heartbeat.idle_cut(client, target, direct_silence))
                 elif name == "cancel":
                     parts.append(await cancel.client_leaves(client, target))
+                elif name == "slow-reader":
+                    parts.append(await slow_reader.slow_reader(client, target))
+                elif name == "resume":
+                    parts.append(await resume.resume(client, target))
                 elif name == "concurrency":
                     parts.append(await concurrency.cadence(client, target))
                 else:

@@ -10,7 +10,12 @@ Some checks need something a foreign server may not give; each names it
                 answer too soon for a heartbeat to be needed (n/a, not fail).
     metrics     a Prometheus /metrics with a gauge of running generations whose
                 name is known (KNOWN_RUNNING_GAUGES); without one, whether a
-                generation stops when its client leaves is not observable.
+                generation stops when its client leaves, or waits for a reader
+                that stopped, is not observable.
+    long        an answer of megabytes: a shorter one fits the transport's
+                buffers whole, so a stopped reader cannot be felt by the server.
+    resumable   a surface that resumes a stream: `POST /streams` whose events
+                take `Last-Event-ID`, or background Responses (`starting_after`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ KNOWN_RUNNING_GAUGES: dict[str, str] = {
 class Needs(StrEnum):
     SILENCE = "silence"
     METRICS = "metrics"
+    LONG = "long"
+    RESUMABLE = "resumable"
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class CheckTarget:
     streams: int = 8  # concurrency check: streams at once
     stop_within_s: float = 5.0  # cancel check: the generation stops within this
     timeout_s: float = 60.0  # every request's read timeout: no check hangs
+    # The URL as given, when base_url is a hop in front of it (via()): the
+    # slow-reader check goes straight there, a hop's buffers would hide the server.
+    origin_url: str | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -75,8 +85,16 @@ class CheckTarget:
         """The same target reached through a hop listening on host:port (plain
         http: a TCP hop in front of TLS would break the certificate's name)."""
         parts = urlsplit(self.base_url)
-        return replace(self, base_url=urlunsplit(
+        return replace(self, origin_url=self.origin_url or self.base_url, base_url=urlunsplit(
             ("http", f"{host}:{port}", parts.path, parts.query, parts.fragment)))
+
+    def direct(self) -> CheckTarget:
+        """The same target with no hop of the check's in front."""
+        return replace(self, base_url=self.origin_url or self.base_url, origin_url=None)
+
+    @property
+    def api_url(self) -> str:
+        return self.base_url.rstrip("/")
 
     def body(self, content: str, *, max_tokens: int, lab: dict[str, JSON] | None = None,
              **extra: JSON) -> dict[str, JSON]:

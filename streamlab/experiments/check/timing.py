@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import httpx
 
-from streamlab.experiments.check.stream import stream_chat
+from services.client.openai_stream import stream_chat
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import Check, Report
@@ -28,15 +28,15 @@ STORY = "headers before the first token, tokens as they are made"
 async def first_byte(client: httpx.AsyncClient, target: CheckTarget) -> Report:
     body = target.body("Write one sentence about rivers, then stop.", max_tokens=32,
                        lab={"prefill_ms": PREFILL_MS, "token_gap_ms": 20, "answer_tokens": 20})
-    record = await stream_chat(client, target.chat_url, body, target.headers())
+    record = await stream_chat(client, target.chat_url, body, headers=target.headers())
     ttfb, ttft = record.headers_s, record.first_token_s
-    figures = {"ttfb_s": ttfb, "ttft_s": ttft, "tokens": record.tokens,
+    figures = {"ttfb_s": ttfb, "ttft_s": ttft, "tokens": record.token_chunks,
                "token_reads": len(record.token_reads),
                "headers_held": (ttfb is not None and ttft is not None
                                 and ttfb >= 0.8 * ttft)}
     if record.status != 200 or ttft is None:
         return not_applicable("first-byte", STORY, f"no token came back (status "
-                              f"{record.status}{', ' + record.error if record.error else ''})",
+                              f"{record.status}{', ' + record.error_text if record.error else ''})",
                               figures)
     checks = []
     if ttft >= MIN_SILENCE_S:
@@ -44,13 +44,13 @@ async def first_byte(client: httpx.AsyncClient, target: CheckTarget) -> Report:
                             "the headers waited for the first token: a buffering server or "
                             "proxy (nginx: proxy_buffering off / X-Accel-Buffering: no; "
                             "send the headers, or a first empty chunk, at once)"))
-    if record.tokens >= MIN_TOKENS:
+    if record.token_chunks >= MIN_TOKENS:
         checks.append(Check("token_reads", ">=", 2,
                             "every token came in one read: the answer was buffered and sent "
                             "at the end; flush each chunk as it is made (no gzip or "
                             "response buffering on SSE)"))
     if not checks:
         return not_applicable("first-byte", STORY, f"the first token came at {ttft:.3g} s with "
-                              f"{record.tokens} tokens: too soon and too few to tell "
+                              f"{record.token_chunks} tokens: too soon and too few to tell "
                               "(needs a silence: a longer prompt)", figures)
     return judged("first-byte", STORY, figures, checks)

@@ -71,6 +71,7 @@ HEADLINE: dict[str, tuple[str, ...]] = {
     "framing": ("events", "tokens"), "errors": ("bad_requests", "answered_5xx"),
     "first-byte": ("ttfb_s", "ttft_s"), "heartbeat": ("longest_silence_s", "comments"),
     "idle-cut": ("reached_done",), "cancel": ("gauge", "stopped_after_s"),
+    "slow-reader": ("behaviour", "answer_bytes"), "resume": ("surfaces",),
     "concurrency": ("streams", "gap_p50_s", "gap_p99_s"),
 }
 

@@ -7,6 +7,7 @@
     lifecycle.py     scenarios (and their measures) of a stream's life after the client
     edge_backpressure.py  a reader that stops reading at the edge: what each hop holds
     resume.py        the resume scenario: a cut stream, read without and with resume
+    responses_resume.py  a cut background Responses stream, resumed with starting_after
     engine_faults.py scenarios of the gRPC hop failing mid-stream
     seventh_tab.py   seven browser tabs over HTTP/1.1 and HTTP/2 (a real chromium)
     h2_shared_fate.py one cut on an HTTP/2 connection hits every stream; resume

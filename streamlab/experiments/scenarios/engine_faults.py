@@ -40,7 +40,14 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
-from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import (
+    ClientSettings,
+    Measured,
+    Scenario,
+    Setup,
+    Variant,
+)
+from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import Capability, LabTarget
@@ -82,7 +89,7 @@ def _set_enabled(lab: LabTarget, enabled: bool) -> None:
             toxiproxy.set_enabled(hop, enabled)
 
 
-async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     """Stream a long answer through the edge; break the engine hop after the
     third token; time how the client's stream ends. (The runner resets
     Toxiproxy afterwards, which also re-enables a disabled proxy.)"""
@@ -143,7 +150,7 @@ async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     result = results[0] if results else StreamResult()
     record = await record_when_done(lab, rid, timing.gateway_dead_after_s + 5.0)
     error = result.error or {}
-    return {
+    figures: Figures = {
         "fault_injected": injected_at is not None,
         "fault_error": fault_error,
         "client_tokens": len(result.texts),
@@ -161,6 +168,15 @@ async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
             if record and injected_at is not None
             and record.state == pb.GENERATION_STATE_CANCELLED else None),
     }
+    # For `scenario run --plot`, on the client's clock (from the request): its
+    # start in monotonic time is its end less its length.
+    start = ended_at[0] - result.total_s if ended_at else None
+    cut = injected_at - start if injected_at is not None and start is not None else None
+    cancelled = figures["engine_cancelled_after_fault_s"]
+    return Measured(figures, (from_token_times(result.token_times, [
+        (cut, "cut"), (result.total_s, "done" if result.done else "error"),
+        (cut + cancelled if cut is not None and isinstance(cancelled, float) else None,
+         "cancel")]),))
 
 
 def _scenario(name: str, fault: str, summary: str, bound: Callable[[Timing], float],

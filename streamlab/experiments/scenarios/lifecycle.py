@@ -25,7 +25,14 @@ from services.client.openai_stream import chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name, wait_for_end
 from streamlab.experiments.report import Check, Figures
-from streamlab.experiments.scenarios.model import ClientSettings, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import (
+    ClientSettings,
+    Measured,
+    Scenario,
+    Setup,
+    Variant,
+)
+from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import Capability, LabTarget
@@ -50,7 +57,7 @@ async def record_when_done(lab: LabTarget, rid: str, timeout_s: float
     return await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, timeout_s)
 
 
-async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     relay = str(setup.knobs.get("relay", "direct"))
     rid = f"scenario-abandon-{uuid.uuid4().hex[:8]}"
     body = chat_body("write an essay", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
@@ -61,7 +68,7 @@ async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures
     left_at = result.left_at or time.monotonic()
     record = await record_when_done(lab, rid, timing.model_total_s + 5)
     cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
-    return {
+    figures: Figures = {
         "client_tokens": len(result.texts),
         "engine_state": state_name(record) if record else None,
         "tokens_generated": record.tokens_generated if record else None,
@@ -71,6 +78,11 @@ async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Figures
         "cancel_latency_ms": (round((record.cancelled_at - left_at) * 1000, 1)
                               if record and cancelled else None),
     }
+    # For `scenario run --plot`: the leave ends the client's clock (total_s); the
+    # engine's cancel is on the monotonic clock, placed from the leave.
+    cancel = (result.total_s + record.cancelled_at - left_at) if record and cancelled else None
+    return Measured(figures, (from_token_times(
+        result.token_times, [(result.total_s, "leave"), (cancel, "cancel")]),))
 
 
 # A long, silent prefill (no pings either), and a client that leaves early in it.

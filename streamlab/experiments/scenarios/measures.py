@@ -22,7 +22,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.experiments.load_clients import LogTail
 from streamlab.experiments.report import JSON, Figures
-from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Setup
+from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Measured, Setup
+from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
 from streamlab_protocol.sse import Event, SSEDecoder
@@ -56,8 +57,9 @@ def _short(message: str, limit: int = 70) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
-async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
-    """One streamed chat completion through the edge, timed per parsed event."""
+async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
+    """One streamed chat completion through the edge, timed per parsed event
+    (each token's arrival kept for `scenario run --plot`)."""
     url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
     read_timeout = timing.watchdog_s if setup.watchdog else None
     nginx_log, gateway_log = LogTail.of(lab, "nginx"), LogTail.of(lab, "gateway")
@@ -73,7 +75,7 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     if result is None:
         figures.update(total_s=elapsed, done=False, tokens=0, error_code="",
                        client_error=f"none: still waiting after {elapsed:.1f} s")
-        return figures
+        return Measured(figures, (from_token_times((), [(elapsed, "timeout")]),))
     total = result.total_s or elapsed
     last_token = result.token_times[-1] if result.token_times else None
     last_byte = max([t for t in (last_token, result.first_byte_s) if t is not None]
@@ -103,7 +105,11 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
         nginx_upstream_timeouts=nginx_log.count("upstream timed out") if nginx_log else None,
         gateway_log_errors=gateway_log.count("ERROR", "Traceback") if gateway_log else None,
     )
-    return figures
+    # A stream that ended without [DONE] ends on a mark: cut (transport), timeout, ...
+    ended = {"transport": "cut"}.get(str(figures["error_code"]), str(figures["error_code"]))
+    events: list[tuple[float | None, str]] = [(at, "ping") for at in result.ping_times]
+    events += [] if result.done else [(total, ended or "cut")]
+    return Measured(figures, (from_token_times(result.token_times, events),))
 
 
 async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:

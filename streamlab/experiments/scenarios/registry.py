@@ -36,6 +36,7 @@ FAMILIES = (
     "store_faults",
     "rolling_deploy",
     "replica_loss",
+    "responses_resume",
     "transient_trouble",
 )
 

@@ -22,7 +22,8 @@ import httpx
 from services.client.openai_stream import chat_body
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from streamlab.experiments.report import JSON, Check, Figures
-from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
+from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Variant
+from streamlab.experiments.scenarios.plot import ArrivalClock
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import Capability, LabTarget
@@ -57,7 +58,7 @@ def figures_of(result: ResumeResult, reference: ResumeResult) -> Figures:
     }
 
 
-async def resume_cut(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
+async def resume_cut(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     """An uncut reference run, then the same stream with its first connection
     cut on `knobs["hop"]`, read by a client that resumes (`knobs["resume"]`) or not."""
     hop = str(setup.knobs.get("hop", "edge"))
@@ -77,14 +78,25 @@ async def resume_cut(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
                     for each in lab.hops_of(hop):
                         toxiproxy.add_toxic(each, Toxic("limit_data", {"bytes": CUT_BYTES}))
 
+            clock = ArrivalClock()  # each token's arrival, for `scenario run --plot`
+
+            async def cut_first_timed(attempt: int) -> None:
+                if attempt:  # the client waited its retry after the cut, then comes back
+                    clock.event("cut", ago_s=RETRY_MS / 1000)
+                    clock.event("restore")
+                await cut_first(attempt)
+
             created = await create_stream(client, lab.edge_url, request_body(timing))
             result = await follow_stream(client, lab.edge_url, created,
                                          resume=bool(setup.knobs.get("resume")),
-                                         before_connect=cut_first, default_retry_ms=RETRY_MS)
+                                         before_connect=cut_first_timed,
+                                         default_retry_ms=RETRY_MS, on_token=clock.token)
+            if result.terminal is None:  # it stopped at the cut (no resume)
+                clock.event("cut")
     finally:
         toxiproxy.reset()
         toxiproxy.close()
-    return figures_of(result, reference)
+    return Measured(figures_of(result, reference), (clock.timeline(),))
 
 
 CUT = Check("cuts", ">=", 1, "the connection really was cut")

@@ -53,6 +53,66 @@ GENERATION_STATE_COMPLETED: GenerationState
 GENERATION_STATE_CANCELLED: GenerationState
 GENERATION_STATE_FAILED: GenerationState
 
+class SessionRequest(_message.Message):
+    __slots__ = ("call", "open", "attach", "abort", "credit", "window_tokens")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    open: GenerateRequest
+    attach: AttachRequest
+    abort: SessionAbort
+    credit: SessionCredit
+    window_tokens: int
+    def __init__(self, call: _Optional[int] = ..., open: _Optional[_Union[GenerateRequest, _Mapping]] = ..., attach: _Optional[_Union[AttachRequest, _Mapping]] = ..., abort: _Optional[_Union[SessionAbort, _Mapping]] = ..., credit: _Optional[_Union[SessionCredit, _Mapping]] = ..., window_tokens: _Optional[int] = ...) -> None: ...
+
+class SessionAbort(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionCredit(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    def __init__(self, tokens: _Optional[int] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("items", "serving")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SessionItem]
+    serving: bool
+    def __init__(self, items: _Optional[_Iterable[_Union[SessionItem, _Mapping]]] = ..., serving: _Optional[bool] = ...) -> None: ...
+
+class SessionItem(_message.Message):
+    __slots__ = ("call", "accepted", "event", "ended")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    accepted: SessionAccepted
+    event: GenerateResponse
+    ended: SessionStatus
+    def __init__(self, call: _Optional[int] = ..., accepted: _Optional[_Union[SessionAccepted, _Mapping]] = ..., event: _Optional[_Union[GenerateResponse, _Mapping]] = ..., ended: _Optional[_Union[SessionStatus, _Mapping]] = ...) -> None: ...
+
+class SessionAccepted(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class SessionStatus(_message.Message):
+    __slots__ = ("code", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
     ROLE_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class EngineServiceStub:
                 request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.SerializeToString,
                 response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/streamlab.api.engine.v1.EngineService/Session',
+                request_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionRequest.SerializeToString,
+                response_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -99,6 +104,22 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """The multiplexed wire (the gateway's `engine_wire = multiplexed`): one
+        long-lived call per gateway channel carries every generation, as vLLM's
+        front end and engine core exchange one message per engine step. The caller
+        opens (or attaches to) generations and aborts them with messages; the
+        engine answers with a `SessionEvent` per step holding every generation's
+        news. Each generation behaves as its own Generate (or Attach) call would:
+        the same validation, admission, records and counters; an `abort` is a
+        dropped call (a plain generation stops at its next decode step, a
+        detachable one is orphaned: Cancel stops it); and when the session itself
+        ends or breaks, every generation it carried is treated as a dropped call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +142,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.FromString,
                     response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionRequest.FromString,
+                    response_serializer=streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -231,6 +257,33 @@ class EngineService:
             '/streamlab.api.engine.v1.EngineService/Cancel',
             streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelRequest.SerializeToString,
             streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/streamlab.api.engine.v1.EngineService/Session',
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionRequest.SerializeToString,
+            streamlab__protocol_dot_engine_dot_v1_dot_engine__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,7 +124,7 @@ def test_gpu_engine_runs_the_hf_backend_on_a_reserved_gpu_with_the_mounted_model
     assert settings.hf.max_batch == 32
     assert settings.port == 50051
     assert env["HF_HUB_OFFLINE"] == "1"  # the mounted model, never the hub
-    assert 'pip install "${TORCH_SPEC}" -r /tmp/requirements-hf.txt' in stage("engine-gpu")
+    assert "pip install -r /tmp/hf.lock" in stage("engine-gpu")  # torch pinned, hashed
     assert _hop_target(services["gpu-hop"]) == f"engine-gpu:{settings.port}"
 
 

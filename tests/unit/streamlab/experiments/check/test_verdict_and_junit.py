@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from services.client.openai_stream import StreamResult
 from streamlab.experiments.check.cancel import gauge
 from streamlab.experiments.check.framing import error_shape
 from streamlab.experiments.check.junit import junit_xml
-from streamlab.experiments.check.stream import StreamRecord
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import (
     EXIT_FAILED,
@@ -100,13 +100,13 @@ def test_error_shape(body: bytes, ok: bool) -> None:
 
 
 def test_longest_silence_counts_from_the_request_to_the_first_token() -> None:
-    record = StreamRecord(headers_s=0.1, first_token_s=5.0,
+    record = StreamResult(headers_s=0.1, token_reads=[5.0],
                           reads=[(0.5, 9), (1.0, 9), (4.0, 9), (5.0, 50)])
     assert record.longest_silence_s == pytest.approx(3.0)
     assert record.bytes_before_first_token == 27
-    held = StreamRecord(headers_s=4.0, first_token_s=4.0, reads=[(4.0, 100)])
+    held = StreamResult(headers_s=4.0, token_reads=[4.0], reads=[(4.0, 100)])
     assert held.longest_silence_s == pytest.approx(4.0)
-    assert StreamRecord().longest_silence_s is None
+    assert StreamResult().longest_silence_s is None
 
 
 def test_the_target_reached_through_a_hop_keeps_its_path() -> None:

@@ -124,7 +124,7 @@ def test_the_catalogue_s_needs() -> None:
         "engine-reset", "engine-cut", "engine-down", "engine-blackhole"}
     assert {n for n, v in needs.items() if v == [toggle]} == {
         "client-watchdog", "slicer", "latency-edge", "latency-upstream", "latency-engine",
-        "bandwidth", "resume", "resume-upstream", "h2-shared-fate"}
+        "bandwidth", "resume", "resume-upstream", "h2-shared-fate", "responses-resume"}
     assert {n for n, v in needs.items() if not v} == {
         "buffering", "buffering-header", "gzip", "websocket-upgrade", "seventh-tab",
         "reconnect-storm", "store-faults", "rolling-deploy", "replica-loss",

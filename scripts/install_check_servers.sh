@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the OpenAI-compatible servers nobody here wrote that `streamlab
+# check` is tested against (tests/integration/test_check_independent.py), into
+# the lab's .venv: the `check-servers` extra of pyproject.toml, pinned there.
+#
+#   llm-mock-api  a mock LLM server (chat completions, Responses), pure Python,
+#                 no model weights; its dependencies (FastAPI, uvicorn,
+#                 pydantic) are the lab's own, plus json5: two small wheels.
+#
+# Read from pyproject.toml rather than `pip install -e '.[check-servers]'`,
+# which would rebuild the editable project for two wheels. scripts/install.sh
+# calls this when it installs the dev tools (the tests need it, the lab does
+# not); without it those tests skip, saying how to install it. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  echo "no .venv: run scripts/install.sh first" >&2
+  exit 1
+fi
+mapfile -t wanted < <(.venv/bin/python -c '
+import tomllib
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["check-servers"]))')
+# Already there at the pinned versions: nothing to ask the index.
+if .venv/bin/python -c '
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    sys.exit(any(version(n) != v for n, _, v in (w.partition("==") for w in sys.argv[1:])))
+except PackageNotFoundError:
+    sys.exit(1)' "${wanted[@]}"; then
+  exit 0
+fi
+if ! .venv/bin/python -m pip install -q "${wanted[@]}"; then
+  echo "installing ${wanted[*]} failed: the independent-server check tests will skip" >&2
+  exit 1
+fi

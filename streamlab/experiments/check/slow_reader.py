@@ -1,0 +1,205 @@
+"""Slow reader: a client that stops reading. Does the server pause its
+generation (backpressure), cut the stream, or keep generating into a buffer
+that grows with every token nobody reads?
+
+The last is the one that hurts: the server's memory grows by the answer for
+every stalled client (a phone in a tunnel, a tab in the background), and the
+model spends its slot on tokens nobody is reading. From outside it shows on
+the server's own gauge of running generations (target.KNOWN_RUNNING_GAUGES):
+a server that pauses still counts the generation when the reader comes back;
+one that buffers has finished it while the reader held a handful of tokens.
+
+    1. the answer read straight through: its size and how long it takes
+    2. the same request read for READ_BEFORE tokens, then nothing for the pause
+       (longer than the whole answer takes unimpeded), the gauge sampled at its
+       end, then read to the end
+
+Judged only on what can tell: the answer must be larger than what the
+transport can hold for a reader that stopped (MIN_ANSWER_BYTES; Needs.LONG),
+and the reader asks for a real network's buffers (a 16 KiB receive buffer, an
+Ethernet MSS) instead of loopback's autotuned megabytes. It reads the server
+straight, never through the check's own hop (a proxy's buffers would be
+judged instead), so point it at the server, not at a proxy in front of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import httpcore
+import httpx
+
+from services.client.openai_stream import StreamResult, stream_chat
+from streamlab.experiments.check.cancel import read_gauge, running_gauge, settled
+from streamlab.experiments.check.target import CheckTarget, Needs
+from streamlab.experiments.check.verdict import judged, not_applicable
+from streamlab.experiments.report import JSON, Check, Figure, Report
+
+STORY = "a reader that stops reading pauses the generation (or is cut), never buffers it"
+READ_BEFORE = 5  # tokens read before the reader stops
+# ~2 MB of chunks. What the path can hold for a stopped reader, with the socket
+# below: the reader's 32 KiB (the kernel doubles what is asked), the server's
+# send buffer autotuned from its congestion window (at most 2 × the segments in
+# flight, so a few hundred KB), and the server's own write buffer (asyncio's
+# 64 KiB): well under MIN_ANSWER_BYTES, and the answer is twice that.
+ANSWER_TOKENS = 12000
+MIN_ANSWER_BYTES = 1 << 20
+MIN_PAUSE_S = 3.0
+MAX_UNIMPEDED_S = 10.0  # an answer slower than this needs too long a pause to judge
+RECEIVE_BUFFER = 16 * 1024
+ETHERNET_MSS = 1460
+FIX = ("let the socket's backpressure reach the generation: await each write (a bounded "
+       "queue between the model and the response), never a queue nobody bounds; or cut "
+       "a reader that does not read for long (a send timeout)")
+
+
+class _Socket(httpcore.AsyncNetworkStream):
+    """A connected plain socket as httpcore's stream (the event loop's own
+    sock_recv / sock_sendall), timeouts and failures as httpcore's errors."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    # httpcore's interface passes the timeouts (ASYNC109: the signature is not ours).
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.sock_recv(self.sock, max_bytes), timeout)
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_sendall(self.sock, buffer), timeout)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self.sock.close()
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.sock if info == "socket" else None
+
+
+class _SmallWindow(httpcore.AsyncNetworkBackend):
+    """Connections whose receive buffer and MSS are set before connecting: the
+    MSS is announced in the handshake, so httpx's socket_options (applied
+    after it) come too late for it."""
+
+    async def connect_tcp(self, host: str, port: int,
+                          timeout: float | None = None,  # noqa: ASYNC109
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None) -> _Socket:
+        family, kind, proto, _, address = (await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM))[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+            if hasattr(socket, "TCP_MAXSEG"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, ETHERNET_MSS)
+            sock.setblocking(False)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, address),
+                                   timeout)
+        except TimeoutError as exc:
+            sock.close()
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except OSError as exc:
+            sock.close()
+            raise httpcore.ConnectError(str(exc)) from exc
+        return _Socket(sock)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def reader_transport() -> httpx.AsyncHTTPTransport:
+    """A client socket as on a real network path: an explicit receive buffer
+    (which also turns off its autotuning) and an Ethernet MSS, so the server's
+    send buffer is sized as for one; on loopback both grow to megabytes (Linux
+    sizes the autotuned send buffer from the MSS: 64 KiB there, so ~4 MiB) and
+    hide any server's behaviour (services/client/silent.py does the same)."""
+    transport = httpx.AsyncHTTPTransport()
+    # httpx takes no network backend of its own; its pool (httpcore's) does.
+    transport._pool = httpcore.AsyncConnectionPool(network_backend=_SmallWindow())
+    return transport
+
+
+def long_body(target: CheckTarget) -> dict[str, JSON]:
+    return target.body(f"Count from 1 to {ANSWER_TOKENS}, one number per line.",
+                       max_tokens=ANSWER_TOKENS,
+                       lab={"prefill_ms": 0, "token_gap_ms": 0, "answer_tokens": ANSWER_TOKENS})
+
+
+def behaviour(record: StreamResult, running_before: float, running_at_end: float | None) -> str:
+    """paused, cut or buffered: what the server did while the reader stopped."""
+    if not record.done:
+        return "cut"
+    if running_at_end is not None and running_at_end > running_before:
+        return "paused"
+    return "buffered"
+
+
+async def slow_reader(metrics: httpx.AsyncClient, target: CheckTarget) -> Report:
+    name, now, why = await running_gauge(metrics, target)
+    if name is None or target.metrics_url is None:
+        return not_applicable("slow-reader", STORY, why)
+    straight = target.direct()
+    timeout = httpx.Timeout(target.timeout_s, connect=10.0)
+    # A client, so a connection, for each read: the straight read grows its
+    # connection's congestion window, and with it the server's autotuned send
+    # buffer, to megabytes; the stalled read must start from a fresh one.
+    async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
+        whole = await stream_chat(client, straight.chat_url, long_body(straight),
+                                  headers=straight.headers())
+    answer_bytes = sum(n for _, n in whole.reads)
+    figures: dict[str, Figure] = {
+        "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
+        "unimpeded_s": whole.total_s}
+    if not whole.done:
+        return not_applicable("slow-reader", STORY, "the long answer did not complete "
+                              f"read straight through ({whole.error_text})", figures)
+    if answer_bytes < MIN_ANSWER_BYTES:
+        return not_applicable("slow-reader", STORY, f"needs {Needs.LONG}: the whole answer "
+                              f"({answer_bytes} bytes) fits the transport's buffers, so a "
+                              "stopped reader cannot be felt", figures)
+    if whole.total_s > MAX_UNIMPEDED_S:
+        return not_applicable("slow-reader", STORY, f"the answer takes {whole.total_s:.3g} "
+                              "s unimpeded: too long a pause to outlast it", figures)
+    pause_s = max(MIN_PAUSE_S, 2 * whole.total_s)
+    before = await settled(metrics, target.metrics_url, name, now)
+    metrics_url = target.metrics_url
+    at_end: float | None = None
+
+    async def hold_off() -> None:  # read nothing; what does the server do meanwhile?
+        nonlocal at_end
+        await anyio.sleep(pause_s)
+        at_end = await read_gauge(metrics, metrics_url, name)
+
+    async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
+        stalled = await stream_chat(client, straight.chat_url, long_body(straight),
+                                    headers=straight.headers(),
+                                    pause_after_tokens=READ_BEFORE, pause=hold_off)
+    if stalled.paused_at_s is None:
+        return not_applicable("slow-reader", STORY, f"the stream ended before {READ_BEFORE} "
+                              f"tokens ({stalled.error_text}): nothing to stop reading", figures)
+    paused_at = stalled.paused_at_s
+    shown = behaviour(stalled, before, at_end)
+    figures |= {
+        "pause_s": pause_s, "running_before": before, "running_at_pause_end": at_end,
+        "bytes_after_pause": sum(n for t, n in stalled.reads if t > paused_at),
+        "reached_done": stalled.done, "transport_error": stalled.error_text or None,
+        "behaviour": shown}
+    return judged("slow-reader", STORY, figures, (
+        Check("behaviour", "!=", "buffered",
+              f"{name} was back down while the reader held {READ_BEFORE} tokens: the whole "
+              "answer was generated into a buffer nobody read; " + FIX),
+    ))

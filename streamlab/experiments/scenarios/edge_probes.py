@@ -1,0 +1,770 @@
+"""Edge probes: does this proxy, as configured, break a token stream?
+
+Each probe measures one failure on any of the lab's four edge proxies (nginx,
+HAProxy, Caddy, Traefik) in two forms, and says per form whether the stream
+broke, with the figures:
+
+    default  the proxy out of the box: its `/buffered/` location (or, for the
+             reload and ceiling probes, its config less the directive that
+             fixes it: the proxy's own default value)
+    ready    the lab's streaming-ready config (`/`, or the config as the lab
+             writes it)
+    yours    a user's own config (`--proxy-config`): `/`, as it is
+
+    buffering        tokens one by one, or one lump at the end
+    compression      the same with `Accept-Encoding: gzip`
+    idle-cut         a think pause longer than the idle timeout: silent, cut;
+                     with heartbeats, whole
+    websocket        the gateway's /ws upgrade through the proxy
+    slow-reader      a client that reads nothing: does the proxy soak up the
+                     whole answer (the engine runs to the end for nobody)?
+    client-leaves    the client closes during a silent prefill: is the
+                     engine's generation cancelled?
+    client-address   does the client's address reach the gateway (its
+                     per-client identity), or does every client look alike?
+    headers-held     are the response headers held back until the first token?
+    reload           the proxy reloads its config under live streams: cut, or
+                     drained? How long the old workers linger
+    ceiling          how many concurrent streams the config admits (a bounded
+                     ramp) before it refuses or queues
+
+FIXES names, per probe and proxy, the proxy's own directive that fixes it; a
+verdict in the matrix (edge_matrix.py) quotes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import httpx
+import psutil
+
+from services.client.openai_stream import chat_body, stream_chat
+from services.client.silent import open_silent_reader
+from streamlab.experiments.generation_end import state_name, wait_for_end
+from streamlab.experiments.report import JSON, Figures
+from streamlab.experiments.scenarios.measures import websocket_chat
+from streamlab.experiments.scenarios.model import Setup
+from streamlab.experiments.timing import Timing
+from streamlab.lab.local import Lab
+from streamlab.lab.processes import wait_until
+from streamlab.lab.proxies.idle import cuts_streams, fill, idle_timeouts
+from streamlab_protocol.engine.v1 import engine_pb2 as pb
+from streamlab_protocol.sse import Comment, SSEDecoder
+
+Form = Literal["default", "ready", "yours"]
+FORMS: tuple[Form, ...] = ("default", "ready")
+
+# The fake model's pace for the timed streams: tokens far enough apart that a
+# lump (everything at the end) cannot pass for a stream.
+PREFILL_MS, GAP_MS, TOKENS = 300, 50, 20
+# A think pause longer than the lab's short idle timeout (2 s), and pings well inside it.
+PAUSE_S, HEARTBEAT_S = 3.0, 0.5
+# A silent prefill the client leaves during, and when it leaves.
+SILENT_PREFILL_MS, LEAVE_AT_S = 3000, 0.3
+# The engine must hear of a leaving client within this, or the prefill ran for nobody.
+CANCEL_BOUND_MS = 1000.0
+# A flood for the slow reader, written as fast as the engine can: longer than
+# every kernel buffer on the way holds (the hops' autotuned socket buffers grow
+# to megabytes on loopback: 30,000 tokens, ~6 MB, fit), so only a proxy that
+# buffers in its own memory or on disk takes it all.
+FLOOD_TOKENS = 100_000
+# Longer than the matrix lab's streaming idle timeout (edge_matrix.py), which
+# HAProxy's `/` uses as its client timeout, plus the time its buffers take to fill.
+SLOW_READER_WINDOW_S = 20.0
+# Tokens still growing over the window's last seconds: the proxy reads on.
+STILL_GENERATING_S = 2.0
+# Reload: streams live across it, and a hard stop shorter than what is left of them.
+RELOAD_STREAMS, RELOAD_TOKENS, RELOAD_AT_S = 8, 80, 1.0
+CUT_STOP_S = 1
+# Ceiling: the bounded ramp, in steps, and how long a stream may take to be admitted.
+CEILING_MAX, CEILING_STEP = 1200, 100
+ADMIT_TIMEOUT_S = 8.0
+CEILING_HEARTBEAT_S = 2.0
+# The client addresses of the client-address probe (loopback is a /8 on Linux).
+CLIENT_A, CLIENT_B = "127.0.0.2", "127.0.0.3"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One probe in one form: broken or not (None: not measured, `note` says why)."""
+
+    broken: bool | None
+    figures: Figures = field(default_factory=dict)
+    note: str = ""
+
+    def as_json(self) -> dict[str, JSON]:
+        figures: dict[str, JSON] = dict(self.figures)
+        return {"broken": self.broken, "figures": figures, "note": self.note}
+
+
+@dataclass
+class ProbeContext:
+    """What a probe reaches: the running lab (its proxy at the edge), the user's
+    config text when it runs one, and the form's path."""
+
+    lab: Lab
+    proxy: str
+    user_config: str | None = None  # the user's config as the proxy reads it (filled in)
+
+    @property
+    def base(self) -> str:
+        return self.lab.edge_url
+
+    def completions(self, path: str) -> str:
+        return f"{self.base}{path.rstrip('/')}/v1/chat/completions"
+
+
+Measure = Callable[[ProbeContext, Form], Awaitable[Cell]]
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    failure: str  # what breaks, one line
+    measure: Measure
+    # The proxy's own directive that fixes it, per proxy (FIXES).
+    fix: Mapping[str, str]
+    # Fast enough for the CI slice (a few seconds per form).
+    fast: bool = True
+    # The figures a table shows first.
+    shown: tuple[str, ...] = ()
+
+
+def default_path(probe: str, proxy: str) -> str:
+    """The out-of-the-box location of a probe on a proxy: `/buffered/`, except
+    nginx's for the client address, whose server-wide X-Forwarded-For the lab
+    sets (so /buffered/ inherits it): `/no-forwarded-for/` is nginx without it."""
+    if probe == "client-address" and proxy == "nginx":
+        return "/no-forwarded-for/"
+    return "/buffered/"
+
+
+def path_of(ctx: ProbeContext, probe: str, form: Form) -> str:
+    return default_path(probe, ctx.proxy) if form == "default" else "/"
+
+
+# ---- timed streams (buffering, compression, idle cut, headers) ---------------------
+
+@dataclass
+class Timed:
+    status: int = 0
+    headers_s: float | None = None
+    first_byte_s: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    pings: int = 0
+    done: bool = False
+    error: str = ""
+    total_s: float = 0.0
+    content_encoding: str = ""
+    retried_after: str = ""  # the first try's error, when it was tried again
+
+    @property
+    def lump(self) -> bool:
+        """Everything at the end: the first byte late, the tokens bunched."""
+        if self.first_byte_s is None or len(self.token_times) < 2:
+            return False
+        spread = self.token_times[-1] - self.token_times[0]
+        return self.first_byte_s >= 0.8 * self.total_s and spread < 0.1 * self.total_s
+
+    def figures(self) -> Figures:
+        return {
+            "status": self.status,
+            "headers_s": _round(self.headers_s),
+            "first_byte_s": _round(self.first_byte_s),
+            "first_token_s": _round(self.token_times[0] if self.token_times else None),
+            "total_s": _round(self.total_s),
+            "tokens": len(self.token_times),
+            "token_spread_s": _round(self.token_times[-1] - self.token_times[0]
+                                     if len(self.token_times) > 1 else None),
+            "pings": self.pings,
+            "done": self.done,
+            "content_encoding": self.content_encoding or "none",
+            "error": self.error,
+            **({"retried_after": self.retried_after} if self.retried_after else {}),
+        }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+async def timed_stream(url: str, body: dict[str, JSON], *, gzip: bool = False,
+                       read_timeout_s: float = 20.0) -> Timed:
+    """One stream, timed on the client's clock: the headers, the first byte, each token.
+    httpx decodes gzip, so a compressed stream's tokens are timed as they decode."""
+    timed = Timed()
+    decoder = SSEDecoder()
+    headers = {"Accept-Encoding": "gzip" if gzip else "identity"}
+    started = time.perf_counter()
+    try:
+        async with (httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=5.0)) as http,
+                    http.stream("POST", url, json=body, headers=headers) as response):
+            timed.headers_s = time.perf_counter() - started
+            timed.status = response.status_code
+            timed.content_encoding = response.headers.get("content-encoding", "")
+            async for chunk in response.aiter_bytes():
+                now = time.perf_counter() - started
+                if timed.first_byte_s is None:
+                    timed.first_byte_s = now
+                for item in decoder.feed(chunk):
+                    if isinstance(item, Comment):
+                        timed.pings += item.text.startswith("ping")
+                    elif item.data == "[DONE]":
+                        timed.done = True
+                    elif has_content(item.data):
+                        timed.token_times.append(now)
+    except httpx.HTTPError as exc:
+        timed.error = type(exc).__name__
+    timed.total_s = time.perf_counter() - started
+    if not timed.done and not timed.error:
+        timed.error = "ended without [DONE]"
+    return timed
+
+
+async def timed_retried(url: str, body: dict[str, JSON], *, gzip: bool = False) -> Timed:
+    """timed_stream, once more if the first try failed before a byte came (a
+    connection error, not what the probe looks at); the figures say so."""
+    timed = await timed_stream(url, body, gzip=gzip)
+    if timed.error and timed.first_byte_s is None:
+        failed = timed.error
+        timed = await timed_stream(url, body, gzip=gzip)
+        timed.retried_after = failed
+    return timed
+
+
+def has_content(data: str) -> bool:
+    """A chunk that carries text (not the role's opening chunk, nor the finish)."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return False
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    return any(isinstance(c, dict) and isinstance(c.get("delta"), dict)
+               and bool(c["delta"].get("content")) for c in choices or [])
+
+
+def stream_body(**extra: Any) -> dict[str, JSON]:
+    pace: dict[str, Any] = {"prefill_ms": PREFILL_MS, "token_gap_ms": GAP_MS,
+                            "answer_tokens": TOKENS, "heartbeat_s": 0, **extra}
+    return chat_body("probe", **pace)
+
+
+async def buffering(ctx: ProbeContext, form: Form) -> Cell:
+    timed = await timed_retried(ctx.completions(path_of(ctx, "buffering", form)), stream_body())
+    return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
+
+
+async def compression(ctx: ProbeContext, form: Form) -> Cell:
+    timed = await timed_retried(ctx.completions(path_of(ctx, "compression", form)),
+                                stream_body(), gzip=True)
+    return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
+
+
+async def headers_held(ctx: ProbeContext, form: Form) -> Cell:
+    """A silent prefill (no pings): the gateway sends its headers at once; a
+    proxy that holds them until the first body byte makes a client's
+    time-to-headers its time-to-first-token."""
+    body = stream_body(prefill_ms=1500)
+    timed = await timed_retried(ctx.completions(path_of(ctx, "headers-held", form)), body)
+    first = timed.token_times[0] if timed.token_times else None
+    held = (timed.headers_s is not None and first is not None
+            and timed.headers_s >= 0.8 * first)
+    return Cell(held or not timed.done, {**timed.figures(), "headers_held": held})
+
+
+async def idle_cut(ctx: ProbeContext, form: Form) -> Cell:
+    """default: `/short-timeout/` (the lab's 2 s idle timeout), a silent pause
+    longer; ready: the same pause with heartbeats. yours: `/`, silent, a pause
+    longer than the config's shortest idle timeout, named when it cuts."""
+    pause_s, heartbeat_s, path = PAUSE_S, 0.0, "/short-timeout/"
+    named: list[str] = []
+    if form == "ready":
+        heartbeat_s = HEARTBEAT_S
+    elif form == "yours":
+        path = "/"
+        timeouts = idle_timeouts(ctx.proxy, ctx.user_config or "")
+        shortest = min((t.seconds for t in timeouts), default=None)
+        if shortest is not None and shortest < 20:
+            pause_s = shortest + 1.0
+        named = [t.describe() for t in cuts_streams(ctx.proxy, ctx.user_config or "", pause_s)]
+    body = stream_body(answer_tokens=5, pauses=[{"after_token": 1,
+                                                  "pause_ms": int(pause_s * 1000)}],
+                       heartbeat_s=heartbeat_s)
+    timed = await timed_stream(ctx.completions(path), body)
+    figures = {**timed.figures(), "pause_s": pause_s, "heartbeat_s": heartbeat_s}
+    cut = not timed.done
+    note = ("cut by " + ", ".join(named)) if cut and named else ""
+    return Cell(cut, figures, note)
+
+
+# ---- the WebSocket upgrade -----------------------------------------------------------
+
+async def websocket(ctx: ProbeContext, form: Form) -> Cell:
+    figures = await websocket_chat(ctx.lab, Setup(location=path_of(ctx, "websocket", form)),
+                                   Timing(prefill_ms=PREFILL_MS, gap_ms=GAP_MS, tokens=5))
+    ok = figures.get("handshake_status") == 101 and bool(figures.get("done"))
+    return Cell(not ok, {k: (round(v, 2) if isinstance(v, float) else v)
+                         for k, v in figures.items()})
+
+
+# ---- a client that reads nothing -----------------------------------------------------
+
+async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
+    """A reader that takes no byte (a closed TCP window). A proxy with a send
+    timeout cuts it once the buffers in front of it are full, closes the
+    upstream, and the gateway cancels the generation; without one (or with a
+    proxy that reads on into memory or a temp file) the engine generates for
+    nobody, or sits holding its slot, for as long as the client stays.
+    Broken: not cut within the window. The tokens generated say how much the
+    chain took in meanwhile (on loopback, the hops' autotuned socket buffers
+    alone take megabytes)."""
+    lab = ctx.lab
+    rid = f"probe-slow-{uuid.uuid4().hex[:8]}"
+    body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=FLOOD_TOKENS,
+                     max_tokens=FLOOD_TOKENS, heartbeat_s=0)
+    path = f"{path_of(ctx, 'slow-reader', form).rstrip('/')}/v1/chat/completions"
+    asked = time.monotonic()
+    sock = await asyncio.to_thread(open_silent_reader, lab.ports.host, lab.ports.edge_port,
+                                   path, body, {"X-Request-Id": rid})
+    samples: list[tuple[float, int]] = []  # (seconds since asked, tokens generated)
+    record = None
+    try:
+        while time.monotonic() - asked < SLOW_READER_WINDOW_S:
+            records = (await asyncio.to_thread(lab.engine_stats, rid)).generations
+            record = records[0] if records else None
+            if record is not None:
+                samples.append((time.monotonic() - asked, record.tokens_generated))
+                if record.state != pb.GENERATION_STATE_RUNNING:
+                    break
+            await asyncio.sleep(0.1)
+    finally:
+        sock.close()
+    if record is None:
+        return Cell(None, {}, "the engine never saw the request")
+    state = state_name(record)
+    cut_after = (round(record.cancelled_at - asked, 2)
+                 if record.state == pb.GENERATION_STATE_CANCELLED else None)
+    end_s, end_tokens = samples[-1]
+    earlier = [tokens for at, tokens in samples if at <= end_s - STILL_GENERATING_S]
+    generating = (record.state == pb.GENERATION_STATE_RUNNING and bool(earlier)
+                  and end_tokens > earlier[-1])
+    completed = record.state == pb.GENERATION_STATE_COMPLETED and cut_after is None
+    figures: Figures = {
+        "tokens_asked": FLOOD_TOKENS,
+        "engine_state_at_end": state,
+        "tokens_generated": record.tokens_generated,
+        "generating_at_end": generating,
+        "cut_after_s": cut_after,
+        "window_s": SLOW_READER_WINDOW_S,
+    }
+    await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, 10.0)
+    note = "the whole answer generated for nobody" if completed else ""
+    if ctx.proxy == "haproxy" and form == "default" and cut_after is not None:
+        # HAProxy's client-side timeouts are the frontend's, which every path
+        # of the lab's config shares: a bare HAProxy has none (it warns).
+        note = "cut by the frontend's timeout client, shared with `/`"
+    return Cell(cut_after is None, figures, note)
+
+
+# ---- the client leaves ---------------------------------------------------------------
+
+async def client_leaves(ctx: ProbeContext, form: Form) -> Cell:
+    """The client takes the headers and closes during a silent prefill: only a
+    proxy that watches the client's socket closes the upstream, and only then
+    does the gateway cancel the engine's generation."""
+    lab = ctx.lab
+    rid = f"probe-leave-{uuid.uuid4().hex[:8]}"
+    body = chat_body("think first", prefill_ms=SILENT_PREFILL_MS, token_gap_ms=GAP_MS,
+                     answer_tokens=TOKENS, heartbeat_s=0)
+    url = ctx.completions(path_of(ctx, "client-leaves", form))
+    status = 0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
+        async with http.stream("POST", url, json=body, headers={"X-Request-Id": rid}) as response:
+            status = response.status_code
+            await anyio.sleep(LEAVE_AT_S)  # the client's own pace: it gives up
+        left_at = time.monotonic()
+    record = await asyncio.to_thread(wait_for_end, lab.engine_stats, rid,
+                                     SILENT_PREFILL_MS / 1000 + 5)
+    cancelled = record is not None and record.state == pb.GENERATION_STATE_CANCELLED
+    latency = (round((record.cancelled_at - left_at) * 1000, 1)
+               if record is not None and cancelled else None)
+    figures: Figures = {"status": status, "left_after_s": LEAVE_AT_S,
+                        "engine_state": state_name(record) if record else None,
+                        "tokens_generated": record.tokens_generated if record else None,
+                        "cancel_latency_ms": latency}
+    return Cell(latency is None or latency > CANCEL_BOUND_MS, figures)
+
+
+# ---- the client's address ------------------------------------------------------------
+
+async def client_address(ctx: ProbeContext, form: Form) -> Cell:
+    """Two clients from two addresses, straight at the proxy (the edge hop in
+    front of it would make every client 127.0.0.1): A starts a polling job, B
+    asks for it. The gateway gives a job to the identity that started it, the
+    address the proxy forwards (X-Forwarded-For); without the header both are
+    the proxy's own address, and B reads A's job."""
+    lab = ctx.lab
+    path = path_of(ctx, "client-address", form).rstrip("/")
+    base = f"http://{lab.ports.host}:{lab.ports.nginx_port}{path}"
+    body = chat_body("whose job", prefill_ms=0, token_gap_ms=1, answer_tokens=2)
+
+    def client(address: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=address),
+                                 timeout=httpx.Timeout(10.0))
+
+    async with client(CLIENT_A) as a:
+        started = await a.post(f"{base}/v1/jobs", json=body)
+        job = started.json().get("id") if started.status_code == 201 else None
+        own = (await a.get(f"{base}/v1/jobs/{job}")).status_code if job else None
+    async with client(CLIENT_B) as b:
+        other = (await b.get(f"{base}/v1/jobs/{job}")).status_code if job else None
+    figures: Figures = {"job_started": started.status_code, "owner_reads_it": own,
+                        "other_client_reads_it": other,
+                        "clients_told_apart": other == 404}
+    if job is None or own != 200:
+        return Cell(None, figures, f"no job to ask for (HTTP {started.status_code})")
+    return Cell(other != 404, figures)
+
+
+# ---- reload under live streams -------------------------------------------------------
+
+# Per proxy: the directive that bounds how long a reload waits for the old
+# process's streams (the pattern of its line in the lab's config), and how a
+# line with another value reads. Traefik's file-provider reload keeps the
+# entrypoint and its connections: nothing to bound (its lifeCycle.graceTimeOut
+# is for a stop only).
+DRAIN_DIRECTIVE: dict[str, tuple[re.Pattern[str], Callable[[int], str]]] = {
+    "nginx": (re.compile(r"^\s*worker_shutdown_timeout\s+\S+;[^\n]*$", re.M),
+              lambda s: f"worker_shutdown_timeout {s}s;"),
+    "haproxy": (re.compile(r"^\s*hard-stop-after\s+\S+[^\n]*$", re.M),
+                lambda s: f"  hard-stop-after {s}s"),
+    "caddy": (re.compile(r"^\s*grace_period\s+\S+[^\n]*$", re.M),
+              lambda s: f"\tgrace_period {s}s"),
+}
+# Per proxy: the connection limit in the lab's config, removed for the default
+# form (the proxy's own default then applies). Caddy and Traefik have none.
+LIMIT_DIRECTIVE: dict[str, re.Pattern[str]] = {
+    "nginx": re.compile(r"worker_connections\s+\d+;"),
+    "haproxy": re.compile(r"^\s*maxconn\s+\d+[^\n]*$", re.M),
+}
+
+
+def rewrite(ctx: ProbeContext, edit: Callable[[str], str]) -> str:
+    """Edit the running proxy's config file in place and reload it (no stream
+    open: the old workers go at once, and are waited for); the text before,
+    to restore."""
+    config = ctx.lab.proxy_config_path
+    before = config.read_text()
+    config.write_text(edit(before))
+    settled_reload(ctx)
+    return before
+
+
+def restore(ctx: ProbeContext, text: str) -> None:
+    ctx.lab.proxy_config_path.write_text(text)
+    settled_reload(ctx)
+
+
+def settled_reload(ctx: ProbeContext, timeout_s: float = 15.0) -> None:
+    """Reload, then wait until the old workers are gone and the chain serves:
+    the next measure must not count a worker of this reload as its own."""
+    old = workers(ctx) or set()
+    reload_now(ctx)
+    deadline = time.monotonic() + timeout_s
+    while old & (workers(ctx) or set()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    wait_until(ctx.lab.chain_ready, timeout_s, f"the chain through {ctx.proxy} after a reload")
+
+
+def reload_now(ctx: ProbeContext) -> None:
+    """The proxy's own reload command on the file as it is (the lab's
+    reload_proxy would rewrite it from its source first)."""
+    lab, proxy = ctx.lab, ctx.lab.proxy
+    setup = lab.proxy_setup
+    command = proxy.reload_command(proxy.find(), lab.proxy_config_path, setup, lab.pids["nginx"])
+    done = subprocess.run(command, env={**os.environ, **proxy.environment(setup)},
+                          capture_output=True, text=True, timeout=20, check=False,
+                          cwd=setup.run_dir)
+    if done.returncode != 0:
+        raise RuntimeError(f"{proxy.name} did not reload ({' '.join(command)}): "
+                           f"{(done.stderr + done.stdout).strip()[-300:]}")
+    if ctx.proxy == "traefik":
+        time.sleep(1.0)  # the file provider's watch picks the change up
+
+
+def workers(ctx: ProbeContext) -> set[int] | None:
+    """The pids of the proxy's worker processes (nginx's, HAProxy's master's
+    children); None for a one-process proxy (Caddy and Traefik reload inside
+    their process)."""
+    if ctx.proxy not in ("nginx", "haproxy"):
+        return None
+    try:
+        return {child.pid for child in psutil.Process(ctx.lab.pids["nginx"]).children()}
+    except psutil.Error:
+        return None
+
+
+async def streams_across_reload(ctx: ProbeContext) -> Figures:
+    """RELOAD_STREAMS streams through `/`, a reload RELOAD_AT_S into them: how
+    many finish whole, and how long the old workers outlive the reload."""
+    lab = ctx.lab
+    body = chat_body("reload", prefill_ms=100, token_gap_ms=GAP_MS, answer_tokens=RELOAD_TOKENS,
+                     heartbeat_s=0)
+    url = ctx.completions("/")
+    before = workers(ctx)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(15.0),
+                                 limits=httpx.Limits(max_connections=RELOAD_STREAMS * 2)) as http:
+        tasks = [asyncio.create_task(stream_chat(http, url, body))
+                 for _ in range(RELOAD_STREAMS)]
+        await asyncio.sleep(RELOAD_AT_S)
+        reloaded_at = time.monotonic()
+        await asyncio.to_thread(reload_now, ctx)
+        # Old workers gone: polled while the streams run and after.
+        linger: float | None = None
+        stream_s = RELOAD_TOKENS * GAP_MS / 1000
+        deadline = reloaded_at + stream_s + 8
+        while time.monotonic() < deadline and before:
+            if not before & (workers(ctx) or set()):  # every old worker gone
+                linger = round(time.monotonic() - reloaded_at, 2)
+                break
+            await asyncio.sleep(0.1)
+        results = await asyncio.gather(*tasks)
+    whole = sum(1 for r in results if r.done and len(r.texts) == RELOAD_TOKENS)
+    del lab
+    return {"streams": RELOAD_STREAMS, "whole": whole, "cut": RELOAD_STREAMS - whole,
+            "stream_s": round(RELOAD_TOKENS * GAP_MS / 1000, 1),
+            "old_workers_gone_after_s": linger}
+
+
+async def reload(ctx: ProbeContext, form: Form) -> Cell:
+    """default: the proxy's own drain (the bounding directive removed); ready:
+    the lab's config (a bound longer than a stream); figures of a third run
+    with a hard stop of CUT_STOP_S show what a short bound does."""
+    if form == "yours":
+        figures = await streams_across_reload(ctx)
+        return Cell(bool(figures["cut"]), figures)
+    directive = DRAIN_DIRECTIVE.get(ctx.proxy)
+    if directive is None:
+        figures = await streams_across_reload(ctx)
+        return Cell(bool(figures["cut"]), figures,
+                    "a file-provider reload keeps the entrypoint and its connections")
+    pattern, line = directive
+    if form == "ready":
+        figures = await streams_across_reload(ctx)
+        original = rewrite(ctx, lambda text: pattern.sub(line(CUT_STOP_S), text))
+        try:
+            short = await streams_across_reload(ctx)
+        finally:
+            restore(ctx, original)
+        figures.update({f"hard_stop_{CUT_STOP_S}s_cut": short["cut"],
+                        f"hard_stop_{CUT_STOP_S}s_old_workers_gone_after_s":
+                            short["old_workers_gone_after_s"]})
+        return Cell(bool(figures["cut"]), figures)
+    original = rewrite(ctx, lambda text: pattern.sub("", text))
+    try:
+        figures = await streams_across_reload(ctx)
+    finally:
+        restore(ctx, original)
+    return Cell(bool(figures["cut"]), figures)
+
+
+# ---- the connection ceiling ----------------------------------------------------------
+
+async def _open_stream(host: str, port: int, request: bytes
+                       ) -> tuple[str, asyncio.StreamWriter | None]:
+    """One stream opened: "admitted" (a 200 status line), "refused" (closed,
+    reset, or another status) or "queued" (no answer within ADMIT_TIMEOUT_S)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
+    except (OSError, TimeoutError):
+        return "refused", None
+    try:
+        writer.write(request)
+        line = await asyncio.wait_for(reader.readline(), ADMIT_TIMEOUT_S)
+    except TimeoutError:
+        return "queued", writer
+    except OSError:
+        writer.close()
+        return "refused", None
+    if b" 200 " in line:
+        return "admitted", writer
+    writer.close()
+    return "refused", None
+
+
+async def ramp(ctx: ProbeContext, limit: int = CEILING_MAX) -> Figures:
+    """Open streams CEILING_STEP at a time (each a long silent prefill, so it
+    stays open and quiet) until one is refused or queued, or `limit` are open."""
+    lab = ctx.lab
+    # Pings inside the matrix lab's idle timeout, so no stream is cut (and its
+    # connections freed) while the ramp runs.
+    body = chat_body("ceiling", prefill_ms=60_000, token_gap_ms=GAP_MS, answer_tokens=1,
+                     heartbeat_s=CEILING_HEARTBEAT_S)
+    payload = json.dumps(body).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {lab.ports.host}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+               ).encode() + payload
+    writers: list[asyncio.StreamWriter] = []
+    counts = {"admitted": 0, "refused": 0, "queued": 0}
+    started = time.monotonic()
+    try:
+        while counts["admitted"] < limit and not (counts["refused"] or counts["queued"]):
+            step = min(CEILING_STEP, limit - counts["admitted"])
+            opened = await asyncio.gather(*(_open_stream(lab.ports.host, lab.ports.edge_port,
+                                                         request) for _ in range(step)))
+            for outcome, writer in opened:
+                counts[outcome] += 1
+                if writer is not None:
+                    writers.append(writer)
+    finally:
+        for writer in writers:
+            writer.close()
+    # The gateway cancels the abandoned generations; let them go before the next probe.
+    await asyncio.sleep(2.0)
+    return {"ramp_to": limit, "admitted": counts["admitted"], "refused": counts["refused"],
+            "queued": counts["queued"], "ramp_s": round(time.monotonic() - started, 1)}
+
+
+async def ceiling(ctx: ProbeContext, form: Form) -> Cell:
+    """default: the limit directive removed (the proxy's own default); ready
+    and yours: the config as it is."""
+    limit = LIMIT_DIRECTIVE.get(ctx.proxy)
+    if form == "default" and limit is not None:
+        original = rewrite(ctx, lambda text: limit.sub("", text))
+        try:
+            figures = await ramp(ctx)
+        finally:
+            restore(ctx, original)
+    else:
+        figures = await ramp(ctx)
+    return Cell(int(figures["admitted"] or 0) < CEILING_MAX, figures,
+                "" if limit is not None or form != "default"
+                else f"{ctx.proxy} has no connection limit by default")
+
+
+# ---- the fixes, per probe and proxy --------------------------------------------------
+
+FIXES: dict[str, dict[str, str]] = {
+    "buffering": {
+        "nginx": "proxy_buffering off; (or the app's X-Accel-Buffering: no, unless ignored)",
+        "haproxy": "none needed: HAProxy never buffers a response body",
+        "caddy": "none needed: an event stream is flushed at every write",
+        "traefik": "none needed: an event stream is flushed at every write",
+    },
+    "compression": {
+        "nginx": "proxy_buffering off; or gzip_types without text/event-stream",
+        "haproxy": "compression type without text/event-stream",
+        "caddy": "encode: leave text/event-stream out of its match",
+        "traefik": "compress middleware: excludedContentTypes text/event-stream",
+    },
+    "idle-cut": {
+        "nginx": "proxy_read_timeout above the longest pause, and heartbeats",
+        "haproxy": "timeout server (and timeout client, timeout tunnel), and heartbeats",
+        "caddy": "transport http { read_timeout }, and heartbeats",
+        "traefik": "none: no idle timeout on a streamed answer (writeTimeout is a deadline)",
+    },
+    "websocket": {
+        "nginx": "proxy_http_version 1.1; proxy_set_header Upgrade/Connection",
+        "haproxy": "none needed in mode http (timeout tunnel bounds it)",
+        "caddy": "none needed: reverse_proxy upgrades",
+        "traefik": "none needed: the load balancer upgrades",
+    },
+    "slow-reader": {
+        "nginx": "send_timeout (and proxy_buffering off; so the engine is held back)",
+        "haproxy": "timeout client (it never buffers a body)",
+        "caddy": "none per write: servers { write_timeout } is a whole-answer deadline",
+        "traefik": "none per write: respondingTimeouts.writeTimeout is a whole-answer deadline",
+    },
+    "client-leaves": {
+        "nginx": "proxy_buffering off; (buffered, nginx ran the prefill to its end)",
+        "haproxy": "option abortonclose (else the gateway hears at HAProxy's next write)",
+        "caddy": "no flush_interval -1 (with it, Caddy notices at its next write)",
+        "traefik": "none needed: the request context ends with the client",
+    },
+    "client-address": {
+        "nginx": "proxy_set_header X-Forwarded-For $remote_addr;",
+        "haproxy": "option forwardfor",
+        "caddy": "none needed: reverse_proxy sets X-Forwarded-For",
+        "traefik": "none needed: sets X-Forwarded-For (forwardedHeaders.trustedIPs)",
+    },
+    "headers-held": {
+        "nginx": "proxy_buffering off; (headers go out with the first body write otherwise)",
+        "haproxy": "none needed",
+        "caddy": "none needed",
+        "traefik": "none needed",
+    },
+    "reload": {
+        "nginx": "worker_shutdown_timeout longer than a stream",
+        "haproxy": "hard-stop-after longer than a stream (reload: -W, kill -USR2)",
+        "caddy": "none needed: its reload kept every stream, even at grace_period 1s",
+        "traefik": "none needed: a file-provider reload keeps connections "
+                   "(lifeCycle.graceTimeOut for a stop)",
+    },
+    "ceiling": {
+        "nginx": "worker_connections (each stream holds two) and worker_rlimit_nofile",
+        "haproxy": "maxconn (global and per frontend)",
+        "caddy": "none: no connection limit by default",
+        "traefik": "none: no connection limit by default",
+    },
+}
+
+PROBES: tuple[Probe, ...] = (
+    Probe("buffering", "tokens held back and sent as one lump", buffering, FIXES["buffering"],
+          shown=("first_byte_s", "total_s", "token_spread_s")),
+    Probe("compression", "an event stream gzipped into one lump (Accept-Encoding: gzip)",
+          compression, FIXES["compression"],
+          shown=("content_encoding", "first_byte_s", "total_s", "token_spread_s")),
+    Probe("idle-cut", "a silent think pause longer than the idle timeout cuts the stream",
+          idle_cut, FIXES["idle-cut"], shown=("pause_s", "heartbeat_s", "pings", "done",
+                                              "error")),
+    Probe("websocket", "the WebSocket upgrade refused", websocket, FIXES["websocket"],
+          shown=("handshake_status", "tokens", "done")),
+    Probe("slow-reader", "a reader that reads nothing is never cut: its generation runs on",
+          slow_reader, FIXES["slow-reader"], fast=False,
+          shown=("engine_state_at_end", "tokens_generated", "generating_at_end",
+                 "cut_after_s")),
+    Probe("client-leaves", "the client leaves, the engine generates on",
+          client_leaves, FIXES["client-leaves"],
+          shown=("engine_state", "cancel_latency_ms")),
+    Probe("client-address", "every client reaches the gateway as the proxy's address",
+          client_address, FIXES["client-address"],
+          shown=("owner_reads_it", "other_client_reads_it")),
+    Probe("headers-held", "response headers held until the first token",
+          headers_held, FIXES["headers-held"], shown=("headers_s", "first_token_s")),
+    Probe("reload", "a config reload cuts live streams", reload, FIXES["reload"], fast=False,
+          shown=("whole", "cut", "old_workers_gone_after_s", f"hard_stop_{CUT_STOP_S}s_cut",
+                 f"hard_stop_{CUT_STOP_S}s_old_workers_gone_after_s")),
+    Probe("ceiling", "concurrent streams refused or queued below the ramp's top",
+          ceiling, FIXES["ceiling"], fast=False,
+          shown=("admitted", "refused", "queued")),
+)
+
+
+def probe_names() -> list[str]:
+    return [p.name for p in PROBES]
+
+
+def get_probe(name: str) -> Probe:
+    for probe in PROBES:
+        if probe.name == name:
+            return probe
+    raise KeyError(f"no probe {name!r}; one of: {', '.join(probe_names())}")
+
+
+def user_config_text(lab: Lab) -> str | None:
+    """A user's config as the proxy reads it (placeholders filled), or None."""
+    source = lab.options.proxy_config
+    if source is None:
+        return None
+    return fill(source.read_text(), lab.proxy_setup.environment())

@@ -1,0 +1,83 @@
+"""The lock files (requirements/*.lock) against pyproject.toml: fresh, and the
+check that says so fails on each way they go stale. Offline: no uv, no index."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lock_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lock_script", ROOT / "scripts" / "lock.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_locks_cover_every_pyproject_dependency() -> None:
+    """Fails when someone edits pyproject's dependencies without `make lock`."""
+    result = subprocess.run([sys.executable, "scripts/lock.py", "--check"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_dependency_added_to_pyproject_makes_the_locks_stale() -> None:
+    lock = lock_script()
+    lists = lock.project()
+    lists["lab"] = [*lists["lab"], "left-pad-for-python>=1"]
+
+    found = lock.problems(lists)
+    # The lab extra is in dev, plot and lab's locks: each is stale, and says why.
+    assert {p.split(":")[0] for p in found if "left-pad-for-python is not pinned" in p} == {
+        "dev.lock", "plot.lock", "lab.lock"}
+    assert {p.split(":")[0] for p in found if "other pyproject lists" in p} == {
+        "dev.lock", "plot.lock", "lab.lock"}
+
+
+def test_a_pin_outside_the_pyproject_range_is_refused() -> None:
+    lock = lock_script()
+    lists = lock.project()
+    lists[""] = [r if not r.startswith("fastapi") else "fastapi>=999" for r in lists[""]]
+
+    found = lock.problems(lists)
+    assert any(p.startswith("services.lock: fastapi==") and "outside >=999" in p
+               for p in found), found
+
+
+def test_a_lock_without_hashes_or_missing_is_refused(tmp_path: Path) -> None:
+    lock = lock_script()
+    shutil.copytree(ROOT / "requirements", tmp_path, dirs_exist_ok=True)
+    lab = tmp_path / "lab.lock"
+    lab.write_text("\n".join(line for line in lab.read_text().splitlines()
+                             if "--hash=" not in line).replace(" \\\n", "\n"))
+    (tmp_path / "hf.lock").unlink()
+
+    found = lock.problems(folder=tmp_path)
+    assert any(p.startswith("lab.lock: no hash for") and "fastapi==" in p for p in found), found
+    assert "hf.lock: missing (run `make lock`)" in found
+    assert not [p for p in found if p.startswith(("dev.lock", "services.lock"))]
+
+
+def test_the_venv_and_the_images_install_locks_only() -> None:
+    """install.sh (`make up`, `make test`, CI) installs a lock, then the project
+    without dependencies; every pip install in the images installs a lock."""
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    pip_lines = [line.strip() for line in install.splitlines() if "pip install" in line
+                 and not line.lstrip().startswith("#") and "--upgrade pip" not in line]
+    assert pip_lines == [
+        '.venv/bin/python -m pip install -q -r "requirements/$lock.lock"',
+        ".venv/bin/python -m pip install -q --no-deps -e .",
+        ".venv/bin/python -m pip install -q -r requirements/hf.lock",
+    ]
+    dockerfile = (ROOT / "services" / "Dockerfile").read_text()
+    runs = [line.strip() for line in dockerfile.splitlines() if line.startswith("RUN pip")]
+    assert runs == ["RUN pip install -r /tmp/services.lock", "RUN pip install -r /tmp/hf.lock",
+                    "RUN pip install -r /tmp/lab.lock"]
