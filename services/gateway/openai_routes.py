@@ -36,7 +36,7 @@ from services.gateway.openai_api import (
     ToolCallAssembler,
     completion,
 )
-from services.gateway.sse_response import event_stream
+from services.gateway.sse_response import event_stream, last_events
 from services.gateway.state import GatewayDep
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -116,10 +116,12 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
                 if batch:  # only a wrapper that reorders events could leave one
                     yield b"".join(batch)
                     batch = []
-                yield ServerSentEvent(data=writer.finish(event))
+                # The finish, usage and [DONE] leave with the body's end in one write.
+                tail = [ServerSentEvent(data=writer.finish(event))]
                 if include_usage:
-                    yield ServerSentEvent(data=writer.usage(event))
-                yield ServerSentEvent(data="[DONE]")
+                    tail.append(ServerSentEvent(data=writer.usage(event)))
+                tail.append(ServerSentEvent(data="[DONE]"))
+                yield last_events(*tail)
                 outcome = "completed"
     except EngineError as exc:
         # After the first byte the status is sent; the error becomes an event.

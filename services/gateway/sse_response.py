@@ -4,22 +4,31 @@ buffer, a reader that accepts nothing cut after the send timeout, and a close
 hook that runs however the response ends, and a disconnect hook that notes
 when the client left (the cancel latency's start).
 
-sse-starlette's EventSourceResponse runs three tasks per stream: the body
-(the route's event generator), a heartbeat that sends `: ping`, and a
-listener for the client's `http.disconnect`. When the client leaves, the
-listener cancels the task group and the body's `await` gets CancelledError:
+sse-starlette's EventSourceResponse runs an anyio task group per stream with
+a task each for the body, the heartbeat, a server-shutdown listener and a
+disconnect listener: in a profile of 1,000 short streams that machinery was
+the largest share of the gateway's set-up CPU (docs/cost.md). Here the body
+runs in the request's own task; a disconnect listener (one task) cancels it
+when the client leaves, so the body's `await` gets CancelledError as before:
 no per-token `is_disconnected()` polling, and a silent prefill notices the
-disconnect just as fast. (Why sse-starlette: docs/design-decisions.md.)
+disconnect just as fast. The heartbeat is a task only when heartbeats are on;
+server shutdown is one watcher per event loop that ends every live stream, as
+sse-starlette's does. Headers, event encoding, the heartbeat and the send
+timeout are sse-starlette's own (the class still is an EventSourceResponse).
+(Why sse-starlette: docs/design-decisions.md.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import SendTimeoutError
+from sse_starlette.event import ensure_bytes
+from sse_starlette.sse import AppStatus, SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
 from services.gateway.metrics import GatewayMetrics
@@ -77,11 +86,84 @@ class SendWatchdog:
             self._timer = None
 
 
+log = logging.getLogger("streamlab.gateway")
+
+# The line separator of every event this module sends.
+SEP = "\n"
+
+
+class LastChunk(bytes):
+    """A stream's last events, encoded: the response sends them with the end of
+    the body in one write (one chunk, one syscall, one read for every hop in
+    front) instead of an event at a time and then the empty end. Nothing the
+    body yields after it is sent."""
+
+
+def last_events(*events: ServerSentEvent) -> LastChunk:
+    return LastChunk(b"".join(ensure_bytes(event, SEP) for event in events))
+
+
+def _server_exiting() -> bool:
+    """Whether the server is shutting down, as sse-starlette's own watcher asks:
+    its flag (set by its patch of uvicorn's handle_exit), or uvicorn's, found
+    through the SIGTERM handler (a bound method of the running Server)."""
+    if AppStatus.should_exit:
+        return True
+    handler = signal.getsignal(signal.SIGTERM)
+    server = getattr(handler, "__self__", None)
+    return bool(AppStatus.enable_automatic_graceful_drain
+                and getattr(server, "should_exit", False))
+
+
+class _ShutdownWatch:
+    """One watcher per event loop (not a listener per stream): when the server
+    exits it ends every live stream, as sse-starlette's shutdown listener did."""
+
+    POLL_S = 0.5  # sse-starlette's own poll interval
+
+    def __init__(self) -> None:
+        self.live: dict[asyncio.Task[Any], Callable[[], None]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    def add(self, task: asyncio.Task[Any], end: Callable[[], None]) -> None:
+        self.live[task] = end
+        if self._watcher is None or self._watcher.done():
+            self._watcher = task.get_loop().create_task(self._watch())
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        self.live.pop(task, None)
+
+    async def _watch(self) -> None:
+        # A poll: the flags it reads are set by code that signals no event.
+        while not _server_exiting():  # noqa: ASYNC110
+            await asyncio.sleep(self.POLL_S)
+        for end in list(self.live.values()):
+            end()
+
+
+# Keyed by loop: tests run apps on several loops in one process.
+_shutdown_watches: dict[asyncio.AbstractEventLoop, _ShutdownWatch] = {}
+
+
+def _shutdown_watch(loop: asyncio.AbstractEventLoop) -> _ShutdownWatch:
+    watch = _shutdown_watches.get(loop)
+    if watch is None:
+        for old in [other for other in _shutdown_watches if other.is_closed()]:
+            del _shutdown_watches[old]
+        watch = _shutdown_watches[loop] = _ShutdownWatch()
+    return watch
+
+
 class GuardedEventSourceResponse(EventSourceResponse):
     """Runs `on_close` however the response ends. The body generator's own
     `finally` does not run if the client left before the body started (a
     never-started async generator has nothing to unwind), which would leak the
-    engine call and the stream slot. Its send timeout is a `SendWatchdog`."""
+    engine call and the stream slot. Its send timeout is a `SendWatchdog`.
+
+    The body runs in the caller's task (the module's docstring says why); what
+    ends it early (the client left, the server exits, a heartbeat's send
+    failed) cancels that task and is then taken back: the response returns as
+    sse-starlette's task group did, or raises the heartbeat's error."""
 
     def __init__(self, on_close: Callable[[], None], on_disconnect: Callable[[], None],
                  *args: Any, **kwargs: Any) -> None:
@@ -97,20 +179,104 @@ class GuardedEventSourceResponse(EventSourceResponse):
         else:
             await self._watchdog.send(send, message)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def noting_disconnect() -> Message:
-            # Only sse-starlette's disconnect listener receives: once a stream.
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self._on_disconnect()
-            return message
+    async def _stream_response(self, send: Send) -> None:
+        """sse-starlette's, but a `LastChunk` ends the body in the same send."""
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        finished = False
+        async for data in self.body_iterator:
+            if finished:
+                continue  # the body has ended: nothing may follow its last chunk
+            try:
+                if isinstance(data, LastChunk):
+                    # Under the lock, with `active` off: no heartbeat after the end.
+                    async with self._send_lock:
+                        self.active = False
+                        await self._send_with_timeout(send, {
+                            "type": "http.response.body", "body": bytes(data),
+                            "more_body": False})
+                    finished = True
+                    continue
+                await self._send_with_timeout(send, {
+                    "type": "http.response.body", "body": ensure_bytes(data, self.sep),
+                    "more_body": True})
+            except BaseException:
+                # As sse-starlette: the generator is parked at its yield; close it
+                # so its cleanup runs before the error escapes.
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    try:
+                        await aclose()
+                    except Exception:
+                        log.exception("closing the body after a failed send")
+                raise
+        if not finished:
+            async with self._send_lock:
+                self.active = False
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, noting_disconnect, send)
+            if scope["type"] != "http" or scope["method"].upper() == "HEAD":
+                # Rare shapes (a WebSocket denial, HEAD): sse-starlette's own path.
+                await super().__call__(scope, receive, send)
+            else:
+                await self._run(receive, send)
         finally:
             if self._watchdog is not None:
                 self._watchdog.close()
             self._on_close()
+
+    async def _run(self, receive: Receive, send: Send) -> None:
+        body = asyncio.current_task()
+        assert body is not None
+        loop = body.get_loop()
+        # Why the body was cancelled by us (None: it was not), and a heartbeat's error.
+        ended: list[str] = []
+        failed: list[BaseException] = []
+
+        def end(reason: str) -> None:
+            if not ended:
+                ended.append(reason)
+                self.active = False
+                body.cancel()
+
+        async def listen() -> None:
+            # Only this listener receives (the body was read before the response).
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self._on_disconnect()
+                    end("disconnect")
+                    return
+
+        def heartbeat_done(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                failed.append(error)
+                end("heartbeat")
+
+        listener = loop.create_task(listen())
+        pinger = None
+        if self.ping_interval > 0:
+            pinger = loop.create_task(self._ping(send))
+            pinger.add_done_callback(heartbeat_done)
+        watch = _shutdown_watch(loop)
+        watch.add(body, lambda: end("shutdown"))
+        try:
+            await self._stream_response(send)
+        except asyncio.CancelledError:
+            # Ours only if nobody else cancelled the task too.
+            if not ended or body.uncancel() > 0:
+                raise
+            if failed:
+                raise failed[0] from None
+        finally:
+            self.active = False
+            watch.discard(body)
+            listener.cancel()
+            if pinger is not None:
+                pinger.remove_done_callback(heartbeat_done)
+                pinger.cancel()
 
 
 def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,
@@ -127,7 +293,7 @@ def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,
         headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         ping=heartbeat_s,
         ping_message_factory=ping,
-        sep="\n",
+        sep=SEP,
         # A reader that accepts no bytes for this long is cut (and what it holds
         # released) instead of pinning an engine slot forever.
         send_timeout=settings.send_timeout_s,

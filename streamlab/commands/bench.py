@@ -3,9 +3,10 @@ cancellation on a running lab.
 
 Every bench exits 0 when its checks held, 1 when one did not (or it crashed),
 2 on a usage error or a lab without a capability it needs, 3 when the lab is
-unreachable (commands/exits.py). Two benches measure against targets rather
-than judge a run: `relay` (performance targets) and `scale` (a sweep meant to
-cross its cadence target): they show a missed target and exit 0."""
+unreachable (commands/exits.py). Three benches measure against targets rather
+than judge a run: `relay` (performance targets), `scale` (a sweep meant to
+cross its cadence target) and `setup` (CPU per stream set-up): they show a
+missed target and exit 0."""
 
 from __future__ import annotations
 
@@ -279,12 +280,17 @@ def scale(
                                                           "0 skips the cell.")] = 5000,
     slow_tokens: Annotated[int, typer.Option(min=2, help="Cell c: tokens per slow stream "
                                                          "(one a second).")] = 20,
-    skip_cadence: Annotated[bool, typer.Option(help="Run only cell c.")] = False,
+    skip_cadence: Annotated[bool, typer.Option(help="Run only cell c (and d).")] = False,
+    setup_streams: Annotated[int, typer.Option(min=0, help="Cell d: two-token streams at "
+                                                           "100/s for CPU per stream set-up "
+                                                           "(as `bench setup`); 0 skips it.")
+                             ] = 1000,
 ) -> None:
     """N paced streams through the full chain: inter-chunk p50/p99 and TTFT p99 as N grows,
     the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
-    heartbeat lateness, open files per process."""
+    heartbeat lateness, open files per process. First (cell d) the CPU each process spends
+    per stream set-up, as `bench setup` measures it."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
 
     lab = reach(run_dir)
@@ -302,7 +308,7 @@ def scale(
             lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
             step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
             entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
-            cadence=not skip_cadence, on_cell=on_cell,
+            cadence=not skip_cadence, setup_streams=setup_streams, on_cell=on_cell,
             on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
                                       "tokens each ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
@@ -334,3 +340,45 @@ def load(
         report = bench_load(target, streams=streams, rate=rate, duration_s=duration_s,
                             tokens=tokens, gap_ms=gap_ms, heartbeat_s=heartbeat_s)
     _render(report, as_json=as_json)
+
+
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="CPU per stream set-up and per paced token, per process.")
+def setup(
+    run_dir: RunDir = DEFAULT_RUN_DIR,
+    streams: Annotated[int, typer.Option(min=1, help="Two-token streams in the set-up cell.")
+                       ] = 1000,
+    rate: Annotated[float, typer.Option(min=0.1, help="Set-up streams opened per second "
+                                                      "(evenly spaced).")] = 100.0,
+    paced: Annotated[str, typer.Option(help="Paced cell: streams,tokens,step_ms (mind the "
+                                            "per-client cap); 'none' skips it.")
+                     ] = "60,200,20",
+    idle_s: Annotated[float, typer.Option(min=0.5, help="Idle baseline, seconds.")] = 3.0,
+    quick: Annotated[bool, typer.Option(help="Small and fast: 100 streams at 50/s, paced "
+                                             "10 x 50 (a smoke run, not a figure).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """CPU each process (gateway, engine, Toxiproxy, edge proxy, the client) spends per
+    stream set-up (N two-token streams) and per paced token, idle taken off, against
+    the set-up targets (gateway <= 1.0 ms, engine <= 0.3 ms per stream)."""
+    from streamlab.experiments.bench.setup_cost import QUICK_PACED, QUICK_RATE, QUICK_STREAMS
+    from streamlab.experiments.bench.setup_cost import bench_setup as run
+
+    shape: tuple[int, int, int] | None = None
+    if paced.strip().lower() != "none":
+        try:
+            count, tokens, step_ms = (int(x) for x in paced.split(","))
+        except ValueError:
+            raise typer.BadParameter(f"--paced {paced!r}: streams,tokens,step_ms or none"
+                                     ) from None
+        shape = (count, tokens, step_ms)
+    if quick:
+        streams, rate, shape = QUICK_STREAMS, QUICK_RATE, QUICK_PACED if shape else None
+        idle_s = min(idle_s, 1.0)
+    lab = reach(run_dir)
+    with experiment_exits(), _progress() as progress:
+        task = progress.add_task("starting", total=None)
+        report = run(lab, streams=streams, rate=rate, paced=shape, idle_s=idle_s,
+                     on_step=lambda step: progress.update(task, description=step))
+    # The targets are figures to read (a missed one is the finding): exit 0 on them.
+    _render(report, as_json=as_json, verdict=False)

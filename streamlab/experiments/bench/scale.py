@@ -13,6 +13,8 @@ and where each token's CPU goes.
                  "toxiproxy" with the edge hops, "toxiproxy-backend" with upstream
                  and engine), nginx (master and workers), gateway, engine
     c) slow      5,000 slow streams at once (streamlab/experiments/bench/scale_slow.py)
+    d) set-up    CPU per stream set-up for each process, N two-token streams at
+                 100/s (streamlab/experiments/bench/setup_cost.py, `bench setup`)
 
 The clock is the engine's setting (STREAMLAB_FAKE_CLOCK), so the bench restarts
 the engine to switch it, and raises the engine's and gateway's stream caps to
@@ -260,14 +262,21 @@ NEEDS = frozenset({Capability.PIDS, Capability.RESTART_SERVICE, Capability.ENGIN
 def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                 step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS, entry: str = "edge",
                 slow_streams: int = 0, slow_tokens: int = 20, cadence: bool = True,
+                setup_streams: int = 0,
                 on_cell: Callable[[ScaleCell], None] = lambda cell: None,
                 on_slow: Callable[[], None] = lambda: None) -> Report:
-    """`streamlab bench scale`: the cadence sweep (cells a and b, unless not
-    `cadence`), then cell c with `slow_streams` (0: none), each a part."""
+    """`streamlab bench scale`: cell d with `setup_streams` (0: none), the
+    cadence sweep (cells a and b, unless not `cadence`), then cell c with
+    `slow_streams` (0: none), each a part."""
     if entry not in ENTRIES:
         raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, not {entry!r}")
     require(lab, NEEDS, "bench scale")
     parts: list[Report] = []
+    if setup_streams:
+        # First, on the lab as it is: the sweep restarts services and raises caps.
+        from streamlab.experiments.bench.setup_cost import run_setup, setup_report
+
+        parts.append(setup_report(run_setup(lab, streams=setup_streams, paced=None)))
     if cadence:
         parts.append(run_scale(lab, sweep, tokens, step_ms, clocks, on_cell, entry=entry))
     if slow_streams:
