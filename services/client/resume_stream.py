@@ -6,6 +6,12 @@ waits the server's `retry:` and reconnects with `Last-Event-ID`, as a
 browser does. With `resume=False` it stops at the first cut instead: the
 "broken" client that shows what a cut costs without resume.
 
+Trouble that may pass is never an end: `event: retry` (no id: the gateway's
+store unreachable, the gateway paused) or an `error` whose data says
+`"retryable": true` are noted in `retries`; the server then closes the
+response and the client reconnects after `retry:` with the last id it has,
+exactly as after a cut.
+
 The id it resumes from is that of the last *dispatched* event, never the last
 `id:` line parsed: a cut between an event's `id:` line and its blank line
 must not count that event as received (the WHATWG rule; the cut tests aim at
@@ -28,6 +34,7 @@ import httpx
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})
+RETRY_EVENT = "retry"  # services/gateway/resume/store.py: reconnect, nothing ended
 DEFAULT_RETRY_MS = 3000  # what browsers use before a server says otherwise
 
 
@@ -55,6 +62,7 @@ class ResumeResult:
     terminal: str | None = None  # the terminal event's name, if one arrived
     terminal_data: dict[str, Any] | None = None
     gaps: list[dict[str, Any]] = field(default_factory=list)
+    retries: list[dict[str, Any]] = field(default_factory=list)  # `retry` events' data
     connections: list[Connection] = field(default_factory=list)
     error: dict[str, Any] | None = None  # why it stopped without a terminal event
 
@@ -133,6 +141,11 @@ async def follow_stream(
                         payload = json.loads(item.data)
                         if item.event == "gap":
                             result.gaps.append(payload)
+                            continue
+                        if item.event == RETRY_EVENT or (
+                                item.event == "error" and isinstance(payload, dict)
+                                and payload.get("retryable") is True):
+                            result.retries.append(payload)  # then EOF, and a reconnect
                             continue
                         last_id = item.id or last_id
                         if item.event == "token":

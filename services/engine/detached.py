@@ -10,10 +10,10 @@ bounded buffer of its tokens:
     producer     one task per generation: pulls the backend (through the
                  servicer's event stream: stop sequences, indexing, finish),
                  appends each token to the buffer, then waits while it is
-                 `read_ahead` tokens ahead of the attached consumer, or
-                 `buffer_tokens` ahead of the last one when none is attached
-                 (so an orphan keeps generating, and never drops a token
-                 nobody received)
+                 `read_ahead` tokens ahead of the attached consumer; when
+                 none is attached it holds one token ahead of the last one
+                 (an orphan nobody will claim must not run on to its finish
+                 for nobody: ORPHAN_AHEAD_TOKENS)
     consumer     at most one attached at a time: streams from its cursor,
                  each token once, in order, then the finish
     orphan       the consumer's call ended without an explicit Cancel
@@ -66,6 +66,13 @@ from streamlab_protocol.engine.v1 import engine_pb2 as pb
 # batch while the consumer's call is blocked by flow control, few enough that a
 # reader that stops reading still stops the model soon (as a plain Generate does).
 READ_AHEAD_TOKENS = 32
+# An orphan (its caller left without a Cancel) holds where it is: it may be a
+# stream whose gateway gave up on it and whose explicit Cancel was lost (a
+# timeout under load, the engine hop down), and such a generation must not
+# run on to its finish for nobody (a storm's 30-token streams all finished as
+# orphans after their clients were told `cancelled`). Whoever re-attaches
+# gets the tokens from its index as they are made; the grace stops the rest.
+ORPHAN_AHEAD_TOKENS = 1
 
 Events = AsyncGenerator[pb.GenerateResponse | Accepted, None]
 
@@ -158,7 +165,8 @@ class DetachedGeneration:
 
     def _window(self) -> int:
         limit = self._registry.buffer_tokens
-        return min(READ_AHEAD_TOKENS, limit) if self._attached is not None else limit
+        return min(READ_AHEAD_TOKENS if self._attached is not None else ORPHAN_AHEAD_TOKENS,
+                   limit)
 
     # ---- consumers -----------------------------------------------------------------
     def attach(self, after_index: int | None) -> Attachment:

@@ -106,11 +106,11 @@ class EngineSettings(BaseSettings):
     # connection died) keeps running this long, so another gateway can Attach
     # to it and the client's resume still ends with the whole text; nobody
     # attached by then, it is cancelled. 0: cancelled at once, as a generation
-    # that is not detachable (services/engine/detached.py).
-    orphan_grace_s: float = Field(10.0, ge=0)
+    # that is not detachable (services/engine/detached.py). 60 s: above the
+    # worst take-over time docs/resume.md adds up (an orphan holds its slot
+    # paused, it does not generate on).
+    orphan_grace_s: float = Field(60.0, ge=0)
     # Tokens a detachable generation keeps for an Attach (the newest ones).
-    # While orphaned it pauses at this many undelivered tokens rather than drop
-    # one, so its memory is bounded and nothing a caller has not seen is lost.
     orphan_buffer_tokens: int = Field(4096, ge=1)
     fake: FakeModelDefaults = Field(default_factory=FakeModelDefaults)
     hf: HFSettings = Field(default_factory=HFSettings)

@@ -404,9 +404,11 @@ class EngineClient:
                 return await self._accepted(stub.Attach(request, wait_for_ready=False),
                                             request_id, detachable=True)
             except EngineError as exc:
-                if exc.status_code not in (404, 503):
+                if exc.status_code not in (404, 503, 504):
                     raise
-                error = exc if error is None or exc.status_code == 404 else error
+                # An engine that did not answer may hold it: its error, not a
+                # 404, is the verdict then (the caller may try again).
+                error = exc if error is None or exc.status_code != 404 else error
         assert error is not None
         raise error
 

@@ -150,6 +150,32 @@ class EngineLease:
         self._stream.on_error = self._engine_failed
         return self._stream
 
+    @property
+    def detachable(self) -> bool:
+        return self._detachable or self._body is None  # a re-attach lease is too
+
+    async def reattach(self, after_index: int | None) -> EngineStream:
+        """Attach again to this lease's generation after its call dropped (an
+        engine-hop blip): the slot and the timings stay; the dead call leaves
+        the drain's tracking and the new one joins it. EngineError if the
+        engine cannot be reached yet or no longer holds the generation."""
+        if self._closed:
+            raise RuntimeError("the lease is closed")
+        gateway = self._gateway
+        old = self._stream
+        stream = await gateway.engine.attach(self.request_id, after_index)
+        if self._closed:  # stopped while the attach was in flight: stop this one too
+            stream.stop()
+            raise EngineError(503, "cancelled", "the stream was stopped during a re-attach")
+        if old is not None:
+            old.cancel()
+            gateway.drain.untrack(old)
+        gateway.drain.track(stream)
+        stream.timings = self._timings
+        stream.on_error = self._engine_failed
+        self._stream = stream
+        return stream
+
     def events(self) -> AsyncIterator[EngineEvent]:
         options = self._body.streamlab if self._body is not None else None
         return self._gateway.broken_modes.apply(self, options, self.stream.__aiter__())

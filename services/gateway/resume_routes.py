@@ -27,6 +27,10 @@ events without being told:
     404  no such stream (or not this identity's); 410 this identity's stream
          existed but its TTL ran out (evicted).
 
+Trouble that may pass (the shared store unreachable) is never an end: a 200
+whose only event is `event: retry`, then the response closes, so the client
+(an EventSource by itself) reconnects with the Last-Event-ID it has.
+
 The OpenAI-compatible route is untouched: its clients never resume, and there
 a disconnect still cancels at once.
 """
@@ -34,21 +38,23 @@ a disconnect still cancels at once.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import ServerSentEvent
 
 from services.gateway.drain import DRAINING
 from services.gateway.errors import BadRequest, GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.resume.replay_log import BadEventId, event_id, parse_event_id
-from services.gateway.resume.store import FoundStream
+from services.gateway.resume.store import STORE_UNAVAILABLE, FoundStream, retry_event
 from services.gateway.resume.streams import Attach, StreamPolicy
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse_response import event_stream
-from services.gateway.state import GatewayDep
+from services.gateway.state import GatewayDep, GatewayState
 
 DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
@@ -175,7 +181,12 @@ async def stream_events(
     # A reconnect storm: resumes first (they continue admitted generations),
     # unless the broken "same" admission refuses them like new streams.
     gateway.connect_rate.admit(force=bool(raw) and gateway.settings.resume_admission == "first")
-    found = await store.find(stream_id, gateway.identity(request))
+    try:
+        found = await store.find(stream_id, gateway.identity(request))
+    except GatewayError as exc:
+        if exc.code != STORE_UNAVAILABLE or gateway.settings.resume_transient != "retry":
+            raise  # the broken case: a 503, which an EventSource takes as final
+        return _come_back(stream_id, raw, gateway, exc)
     after = _resume_point(found, raw)
     if found.ended and after == found.last_seq:
         return Response(status_code=204)  # it has the end; tell it to stop
@@ -195,6 +206,28 @@ async def stream_events(
         store.follow(found, after, record), settings=gateway.settings, metrics=gateway.metrics,
         heartbeat_s=gateway.settings.heartbeat_s,
         headers={"Last-Event-ID": event_id(found.id, resumes_after), "X-Request-Id": found.id})
+
+
+async def _retry_only(event: ServerSentEvent) -> AsyncIterator[ServerSentEvent]:
+    yield event
+
+
+def _come_back(stream_id: str, raw: str | None, gateway: GatewayState,
+               exc: GatewayError) -> Response:
+    """The shared store cannot say where the stream is now, and that may pass
+    within seconds: a 200 whose only event is `retry` (not a 503, on which an
+    EventSource closes for good), so the client reconnects after `retry:` with
+    the Last-Event-ID it has, and resumes exactly where it was once the store
+    answers. The stream's own `retry:` (it may have asked for a shorter one)
+    is in the store; this one is the gateway's, with the stream's jitter."""
+    settings = gateway.settings
+    retry = settings.resume_retry_ms + retry_jitter_ms(stream_id, settings.resume_retry_jitter_ms)
+    headers = {"X-Request-Id": stream_id[:80]}
+    if raw:
+        headers["Last-Event-ID"] = raw[:200]
+    return event_stream(_retry_only(retry_event(exc.code, exc.message, retry)),
+                        settings=settings, metrics=gateway.metrics,
+                        heartbeat_s=settings.heartbeat_s, headers=headers)
 
 
 @router.get("/demo", include_in_schema=False)

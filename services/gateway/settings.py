@@ -206,6 +206,13 @@ class GatewaySettings(BaseSettings):
     # (services/gateway/shared_caps.py). 0: each gateway counts alone (the
     # broken case: N replicas admit N times the cap).
     shared_caps_lease_s: float = Field(10.0, ge=0)
+    # Trouble that may pass (the shared store unreachable, this gateway paused,
+    # an engine-hop blip): "retry" tells the reader so (SSE `event: retry`, no
+    # terminal event; the client reconnects with Last-Event-ID) and re-attaches
+    # to a generation whose engine hop dropped. "terminal" is the broken case
+    # the `transient-blip` scenario contrasts: an `error` event or a 503 ends
+    # the reader, and an engine-hop blip fails the stream (docs/resume.md).
+    resume_transient: Literal["retry", "terminal"] = "retry"
 
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and

@@ -172,6 +172,9 @@ def run_command(
     tolerance_s: Annotated[float | None, typer.Option(help="Slack on timing checks.")] = None,
     load_scale: Annotated[float | None, typer.Option(
         help="Share of a load scenario's full size (its streams) to run.")] = None,
+    streams: Annotated[int | None, typer.Option(
+        min=1, help="Streams of the storm scenarios (reconnect-storm, owner-killed-storm).")
+    ] = None,
     shuffle: Annotated[bool, typer.Option(
         "--shuffle", help="Run the (scenario, mode) pairs in a random order, a new one per "
                           "repeat: no verdict may depend on what ran before it.")] = False,
@@ -203,7 +206,7 @@ def run_command(
     timing = scenarios.timing_for(
         lab, prefill_ms=prefill_ms, gap_ms=gap_ms, tokens=tokens, think_s=think_s,
         heartbeat_s=heartbeat_s, watchdog_s=watchdog_s, tolerance_s=tolerance_s,
-        load_scale=load_scale)
+        load_scale=load_scale, streams=streams)
     # One table per scenario (its modes side by side) unless the order is mixed
     # or repeated; then one table per run and a summary of every run at the end.
     progress = None if as_json else Progress(

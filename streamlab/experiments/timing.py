@@ -35,6 +35,9 @@ class Timing:
     # Live streams in the reconnect-storm scenario (500 at full size; the
     # suite runs fewer on a shared CI machine).
     storm_streams: int = 500
+    # `scenario run --streams N`: the storm scenarios' stream count instead of
+    # their own (owner-killed-storm runs 150 in the catalogue, 500 on request).
+    streams: int | None = None
     # How long each end's gRPC keepalive takes to call a silent engine hop dead:
     # ping interval + ping timeout. The gateway finds a dead engine (defaults
     # 10 + 5 s); the engine finds a dead gateway and cancels its calls (20 + 5 s).

@@ -31,6 +31,15 @@ class Lease(Protocol):
         """Re-attach to a detachable generation another replica started."""
         ...
 
+    @property
+    def detachable(self) -> bool:
+        """The generation outlives its call (it can be attached again)."""
+        ...
+
+    async def reattach(self, after_index: int | None) -> EngineStream:
+        """Attach again to this lease's own generation after its call dropped."""
+        ...
+
     def abandon_call(self) -> None:
         """Leave the generation running when the lease closes (handed over)."""
         ...

@@ -31,6 +31,10 @@ pipeline of one stream's writes then stays valid there).
                                (refreshed every second, expires after
                                `ALIVE_TTL_S`): how a reader elsewhere learns
                                that the owner of its stream is gone
+    <prefix>:owned:<replica>   Set: the ids of the streams that replica owns
+                               (added at create or take-over, removed at the
+                               end or a hand-off)
+    <prefix>:replicas          Set: the replicas that have owned streams
     <prefix>:control:<replica> Pub/sub channel: JSON commands to the replica
                                that owns engine calls ({"op": "cancel", "id",
                                "reason"})
@@ -70,6 +74,17 @@ RELEASED = ""
 
 def replica_key(prefix: str, replica: str) -> str:
     return f"{prefix}:replica:{replica}"
+
+
+def owned_key(prefix: str, replica: str) -> str:
+    """Set: the ids of the running streams this replica owns (what another
+    replica takes over at once when this one's alive key is gone)."""
+    return f"{prefix}:owned:{replica}"
+
+
+def replicas_key(prefix: str) -> str:
+    """Set: every replica that has owned streams (whose `owned` set to watch)."""
+    return f"{prefix}:replicas"
 
 
 def control_channel(prefix: str, replica: str) -> str:

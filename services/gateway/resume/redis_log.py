@@ -67,17 +67,29 @@ class StoreMetrics:
         self.read_failures = Counter("streamlab_gateway_resume_store_read_failures",
                                      "Resumes, statuses or live tails the store failed",
                                      registry=registry)
-        # When this replica last failed to reach the store (any call: a read,
-        # a write, its alive key): while that is recent, another replica's
-        # missing alive key says more about the store than about that replica
-        # (RedisStore._owner_gone).
+        # When this replica last failed to reach the store (any call: the
+        # record's writes skip the store for a moment after one).
         self.last_failure_at = -math.inf
+        # When its heartbeat (its alive key and control channel, once a
+        # second) last failed: while that is recent, another replica's missing
+        # alive key says more about the store than about that replica
+        # (RedisStore._owner_gone, the take-over sweep). A reader's or
+        # writer's call that timed out does not count: under load those fail
+        # while the store is up (docs/resume.md, "The owner dies").
+        self.last_heartbeat_failure_at = -math.inf
 
     def store_failed(self) -> None:
         self.last_failure_at = time.monotonic()
 
     def store_failed_within(self, seconds: float) -> bool:
         return time.monotonic() - self.last_failure_at < seconds
+
+    def heartbeat_failed(self) -> None:
+        self.store_failed()
+        self.last_heartbeat_failure_at = time.monotonic()
+
+    def heartbeat_failed_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.last_heartbeat_failure_at < seconds
 
 
 def _already_written(result: object) -> bool:
@@ -160,7 +172,6 @@ class LogMirror:
                 await self._write(batch, meta, tombstone_s)
             except STORE_ERRORS as exc:
                 self._metrics.write_failures.inc()
-                self._metrics.store_failed()
                 log.warning("resume log write failed (%d events pending): %s",
                             len(self._pending), exc)
                 if meta.ended:

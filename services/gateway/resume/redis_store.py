@@ -59,7 +59,9 @@ from services.gateway.resume.redis_keys import (
     RELEASED,
     StreamKeys,
     StreamMeta,
+    owned_key,
     replica_key,
+    replicas_key,
     stream_keys,
 )
 from services.gateway.resume.redis_log import RETRY_MAX_S, STORE_ERRORS, LogMirror, StoreMetrics
@@ -75,12 +77,15 @@ from services.gateway.resume.redis_tail import (
 from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_stream_id
 from services.gateway.resume.store import FoundStream, ResumeStore
 from services.gateway.resume.streams import (
+    REATTACH_BACKOFF_S,
+    REATTACH_WINDOW_S,
     Attach,
     ResumableStream,
     StreamPolicy,
     StreamRegistry,
 )
 from services.gateway.settings import GatewaySettings
+from streamlab_protocol.generation import GenerationState
 
 if TYPE_CHECKING:
     from services.gateway.resume.ports import Gateway, Lease
@@ -122,6 +127,15 @@ RECORD_SKIP_AFTER_FAILURE_S = 5.0
 # outage), plus the owner's control loop getting back (its reconnect backoff
 # and one poll) to refresh it.
 OWNER_SILENCE_AFTER_OUTAGE_S = ALIVE_TTL_S + RETRY_MAX_S + CONTROL_POLL_S
+# How often a replica looks for lost owners (RedisStore._sweep), and how many
+# of a lost owner's streams it takes over at once.
+SWEEP_S = 1.0
+TAKEOVER_CONCURRENCY = 64
+# One sweep step's bound: far above a store call's (REDIS_TIMEOUT_S), since
+# the sweep is background work nobody waits on, and on a loaded machine the
+# event loop of a gateway serving a storm lags by seconds: 1 s bounds fired
+# with the store healthy, sweep after sweep, while the orphans' grace ran out.
+SWEEP_TIMEOUT_S = 10.0
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
 
@@ -191,10 +205,17 @@ class SharedStream(ResumableStream):
         self.mirror.abandon()
         self._step_aside("superseded")
 
+    def _end(self, state: GenerationState, kind: str, payload: dict[str, Any]) -> None:
+        ended = self.ended
+        super()._end(state, kind, payload)
+        if not ended:
+            self._store.disown(self.id)
+
     def _step_aside(self, outcome: str) -> None:
         """This replica no longer runs the stream (its log writer was told how
         to stop): no explicit Cancel, since the generation is, or will be,
         another replica's; and its readers end with `retry:`."""
+        self._store.disown(self.id)
         self._handed_off = True
         self._disarm()
         self._lease.abandon_call()
@@ -235,6 +256,16 @@ class SharedStream(ResumableStream):
     async def _check(self, reason: str, epoch: int, remote_seen: bool) -> None:
         try:
             remote = await fresh_followers(self._store.redis, self.keys)
+            if not remote and not remote_seen and reason == "never_attached":
+                # Read on another replica whose "attached" never arrived (that
+                # replica was killed before it sent it, in a storm): its attach
+                # record is in the store. A reader came, so the grace applies.
+                remote_seen = bool(await self._store.redis.llen(self.keys.attaches))
+                if remote_seen:
+                    reason = "resume_grace_expired"
+                    self._timer = asyncio.get_running_loop().call_later(
+                        self.policy.grace_s, self._expire, reason, epoch, False)
+                    return
         except STORE_ERRORS:
             remote = 0  # no store: nobody elsewhere can be reading it
         if epoch != self._epoch or self.ended or self.followers > 0:
@@ -267,7 +298,11 @@ class RedisStore(ResumeStore):
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
         self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
-                                      self._on_command, self.store_metrics.store_failed)
+                                      self._on_command, self.store_metrics.heartbeat_failed)
+        # replica -> (when asked, its alive key's value): every quiet reader of
+        # a lost owner's streams asks the same question each poll; one answer
+        # per poll interval serves them all (hundreds of GETs a second fewer).
+        self._alive_seen: dict[str, tuple[float, str | None]] = {}
         self._mirrors: set[LogMirror] = set()
         self._end_orphan = self.redis.register_script(END_ORPHAN)
         self._claim = self.redis.register_script(CLAIM)
@@ -277,6 +312,11 @@ class RedisStore(ResumeStore):
             fallback_ttl_s=settings.max_stream_duration_s + settings.resume_ttl_s)
         self._prewritten: set[str] = set()  # readers `attached` wrote, until `follow`
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
+        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeping: set[str] = set()  # lost replicas whose streams the sweep takes over
+        self._disowning: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
+        self._owned_key = owned_key(KEY_PREFIX, settings.replica_id)
+        self._owned_ttl_ms = int((settings.max_stream_duration_s + settings.resume_ttl_s) * 1000)
 
     @property
     def detachable_generations(self) -> bool:  # type: ignore[override]
@@ -290,6 +330,8 @@ class RedisStore(ResumeStore):
         self._gateway = gateway
         self.control.start()
         self.record.start()
+        self._sweeper = asyncio.get_running_loop().create_task(
+            self._sweep_forever(), name="resume-takeover-sweep")
 
     def ensure_capacity(self) -> None:
         self.memory.ensure_capacity()
@@ -307,10 +349,10 @@ class RedisStore(ResumeStore):
             await stream.mirror.write_meta()
         except STORE_ERRORS as exc:
             self.store_metrics.write_failures.inc()
-            self.store_metrics.store_failed()
             stream.cancel("resume_store_unavailable")
             raise store_unavailable(self.settings.retry_after_s) from exc
         self._start_mirror(stream)
+        await self._own(stream_id)
         return stream.policy
 
     def _start_mirror(self, stream: SharedStream) -> None:
@@ -366,7 +408,6 @@ class RedisStore(ResumeStore):
                 first = await first_seq(self.redis, keys, meta.last_seq)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         if meta.owner not in (None, owner):
             raise unknown(stream_id)
@@ -400,7 +441,6 @@ class RedisStore(ResumeStore):
                 attaches, readers = await read_record(self.redis, keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return {"id": found.id, "state": meta.state.value, "cancel_reason": meta.cancel_reason,
                 # every replica's readers, as the owner answers
@@ -457,11 +497,18 @@ class RedisStore(ResumeStore):
         # Elsewhere, or taken over here after what the client asks for: from Redis.
         presence = Presence(self.redis, keys, self.settings.replica_id,
                             self.settings.redis_follower_ttl_s)
+        def local_after(stream_id: str, cursor: int) -> AsyncIterator[ServerSentEvent] | None:
+            stream = self.local(stream_id)
+            if stream is None or not stream.log.first_seq <= cursor + 1 <= stream.log.last_seq + 1:
+                return None
+            return follow_local(stream, cursor, record)
+
         events = tail(self.tail_redis, keys, found.id, after=after, retry_ms=found.retry_ms,
                       presence=presence, block_s=self.block_s,
                       timeout_s=self.settings.redis_timeout_s,
                       retry_after_s=self.settings.retry_after_s, metrics=self.store_metrics,
-                      owner_gone=self._owner_gone)
+                      owner_gone=self._owner_gone, local_after=local_after,
+                      retryable=self.settings.resume_transient == "retry")
         if found.ended or found.owner_replica is None:
             return events
         return self._announced(found.id, found.owner_replica, events)
@@ -496,7 +543,6 @@ class RedisStore(ResumeStore):
                 await self._wait_ended(keys)
         except STORE_ERRORS as exc:
             self.store_metrics.read_failures.inc()
-            self.store_metrics.store_failed()
             raise store_unavailable(self.settings.retry_after_s) from exc
         return await self.status(found)
 
@@ -520,22 +566,44 @@ class RedisStore(ResumeStore):
         holds it), end the stream `owner_lost`, so the reader gets a terminal
         event instead of pings forever. False: the owner is there, or another
         replica won the stream."""
+        if meta.replica == self.settings.replica_id and self.local(stream_id) is not None:
+            # Taken over here (by the sweep, or another reader): the reader
+            # follows this replica's memory from now on.
+            return True
         if meta.replica != RELEASED:
-            alive = await self.redis.get(replica_key(KEY_PREFIX, meta.replica))
+            alive = await self._alive(meta.replica)
             if alive is not None and meta.incarnation in ("", alive):
                 return False  # it runs (a restarted one under its name does not count)
-            if self.store_metrics.store_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
-                # This replica could not reach the store a moment ago either:
-                # the owner's key most likely expired in the same outage, not
-                # with the owner. Taking over now would be split-brain (the
-                # owner still runs the call, store-faults ended live streams
-                # `error`). Judge again once the owner had time to refresh it.
+            if self.store_metrics.heartbeat_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S):
+                # This replica's own heartbeat could not reach the store a
+                # moment ago either: the owner's key most likely expired in the
+                # same outage, not with the owner. Judge again once the owner
+                # had time to refresh it. Only the heartbeat counts here (the
+                # control channel's, once a second), never a reader's call that
+                # timed out: under a reconnect storm of hundreds of readers such
+                # timeouts came every second, each one put the take-over off by
+                # this window again, and the lost owner's generations outlived
+                # the engine's orphan grace (`owner_lost`).
                 return False
+        if meta.replica in self._sweeping:
+            # This replica's sweep is taking the lost owner's streams over:
+            # wait for it rather than race it for the claim. Hundreds of
+            # readers polling and claiming at once were most of what a
+            # storm's survivor had to do while the orphans' grace ran.
+            await asyncio.sleep(SWEEP_S)
+            return False
         if self._gateway is not None and self._gateway.drain.draining:
             # Taken over here, it would be cancelled (`gateway_shutdown`) when
             # this replica exits: rolling-deploy lost streams so. Let the reader
             # move to a replica that stays; that one takes it over.
             raise ReaderMustMove
+        return await self._take_over(stream_id, keys, meta, cursor)
+
+    async def _take_over(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                         cursor: int) -> bool:
+        """The owner is gone: claim the stream and re-attach to its generation
+        (or, when that cannot be, end it `owner_lost`). False: another
+        replica took it first, or it ended meanwhile."""
         if not self.settings.reattach or self._gateway is None:
             await self._end_orphaned(keys, meta, "owner_lost", cursor)
             return True
@@ -545,14 +613,107 @@ class RedisStore(ResumeStore):
                   self.control.incarnation]))
         if last_seq < 0:
             return False  # another replica took it first, or it ended meanwhile
-        try:
-            await self._adopt(stream_id, meta, last_seq)
-        except EngineError as exc:
-            log.warning("stream %s: owner %r lost and its generation cannot be re-attached "
-                        "(%s)", stream_id, meta.replica, exc.message)
-            self.store_metrics.takeovers.labels("owner_lost").inc()
-            await self._end_orphaned(keys, meta, "owner_lost", cursor)
-        return True
+        deadline = time.monotonic() + REATTACH_WINDOW_S
+        while True:
+            try:
+                await self._adopt(stream_id, meta, last_seq)
+            except EngineError as exc:
+                if exc.status_code in (503, 504) and time.monotonic() < deadline:
+                    # An engine that did not answer in time (a loaded one,
+                    # its hop down) may still hold the generation: a 404 is
+                    # the only "gone". Ending it `owner_lost` here lost
+                    # streams whose generation was there all along.
+                    await asyncio.sleep(REATTACH_BACKOFF_S)
+                    continue
+                log.warning("stream %s: owner %r lost and its generation cannot be "
+                            "re-attached (%s)", stream_id, meta.replica, exc.message)
+                self.store_metrics.takeovers.labels("owner_lost").inc()
+                await self._end_orphaned(keys, meta, "owner_lost", cursor)
+            return True
+
+    # ---- the take-over sweep: a lost owner's streams, whether or not anyone reads ----
+    async def _own(self, stream_id: str) -> None:
+        """List the stream among this replica's (best effort: without it the
+        stream is still taken over, by its readers)."""
+        with contextlib.suppress(*STORE_ERRORS):
+            async with self._bounded(), self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(self._owned_key, stream_id)
+                pipe.pexpire(self._owned_key, self._owned_ttl_ms)
+                pipe.sadd(replicas_key(KEY_PREFIX), self.settings.replica_id)
+                await pipe.execute()
+
+    def disown(self, stream_id: str) -> None:
+        """It ended here, or another replica runs it now (in the background,
+        best effort: the sweep skips what is not running and owned by its owner)."""
+        async def remove() -> None:
+            with contextlib.suppress(*STORE_ERRORS):
+                async with self._bounded():
+                    await self.redis.srem(self._owned_key, stream_id)
+
+        with contextlib.suppress(RuntimeError):  # no loop left: the key expires
+            task = asyncio.get_running_loop().create_task(remove(), name=f"disown-{stream_id}")
+            self._disowning.add(task)
+            task.add_done_callback(self._disowning.discard)
+
+    async def _sweep_forever(self) -> None:
+        """Every SWEEP_S: is a replica that owns streams gone? Take all of its
+        streams over now, not when each one's reader comes back and looks (a
+        storm's readers come back over seconds, their tails cost the store a
+        call each, and a lost owner's generations waited on them past the
+        engine's orphan grace). The bound is the alive key's expiry plus one
+        sweep, whatever the readers do (docs/resume.md)."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self._sweep()
+            except STORE_ERRORS as exc:
+                log.warning("take-over sweep failed (%r); again in %.1f s", exc, SWEEP_S)
+
+    async def _sweep(self) -> None:
+        if (not self.settings.reattach or self._gateway is None
+                or self._gateway.drain.draining
+                or self.store_metrics.heartbeat_failed_within(OWNER_SILENCE_AFTER_OUTAGE_S)):
+            return
+        async with asyncio.timeout(SWEEP_TIMEOUT_S):
+            replicas: set[str] = await self.redis.smembers(replicas_key(KEY_PREFIX))
+        for replica in sorted(replicas - {self.settings.replica_id}):
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
+                if await self.redis.get(replica_key(KEY_PREFIX, replica)) is not None:
+                    continue  # it runs
+                ids: set[str] = await self.redis.smembers(owned_key(KEY_PREFIX, replica))
+                if not ids:
+                    await self.redis.srem(replicas_key(KEY_PREFIX), replica)
+                    continue
+            log.warning("replica %r is gone; taking over its %d stream(s)", replica, len(ids))
+            limit = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+            self._sweeping.add(replica)
+            try:
+                await asyncio.gather(*(self._sweep_one(replica, i, limit) for i in ids),
+                                     return_exceptions=True)
+            finally:
+                self._sweeping.discard(replica)
+
+    async def _sweep_one(self, replica: str, stream_id: str, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            keys = stream_keys(KEY_PREFIX, stream_id)
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
+                meta = await read_meta(self.redis, keys)
+            if meta is not None and not meta.ended and meta.replica == replica:
+                await self._take_over(stream_id, keys, meta, meta.last_seq)
+            async with asyncio.timeout(SWEEP_TIMEOUT_S):
+                await self.redis.srem(owned_key(KEY_PREFIX, replica), stream_id)
+
+    async def _alive(self, replica: str) -> str | None:
+        """A replica's alive key, asked at most once per poll interval."""
+        now = time.monotonic()
+        seen = self._alive_seen.get(replica)
+        if seen is not None and now - seen[0] < self.block_s:
+            return seen[1]
+        alive: str | None = await self.redis.get(replica_key(KEY_PREFIX, replica))
+        if len(self._alive_seen) > 1000:
+            self._alive_seen.clear()
+        self._alive_seen[replica] = (now, alive)
+        return alive
 
     async def _adopt(self, stream_id: str, meta: StreamMeta, last_seq: int) -> None:
         """Own a stream claimed from a lost replica: re-attach to its generation
@@ -583,6 +744,7 @@ class RedisStore(ResumeStore):
         assert isinstance(stream, SharedStream)
         stream.created_unix = meta.created
         self._start_mirror(stream)
+        await self._own(stream_id)
         self.store_metrics.takeovers.labels("reattached").inc()
         log.info("stream %s: took over from %r after token %s", stream_id,
                  meta.replica or "(handed off)", after_index)
@@ -607,11 +769,16 @@ class RedisStore(ResumeStore):
             await asyncio.sleep(0.005)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         await self.memory.close()  # cancels what runs here; the mirrors write the ends
         await asyncio.gather(*(m.stop(self.settings.redis_timeout_s) for m in self._mirrors),
                              return_exceptions=True)
         await self.control.stop()
         await self.record.close()
+        await asyncio.gather(*self._disowning, return_exceptions=True)  # each bounded
         for client in (self.redis, self.tail_redis):
             with contextlib.suppress(*STORE_ERRORS):
                 await client.aclose()

@@ -21,8 +21,9 @@ to well within the TTL (NTP does).
 
 Every call is bounded (the client's socket timeout): with Redis down a resume
 is a 503 before the first byte, and a tail already streaming ends with an SSE
-`error` event (`resume_store_unavailable`); the client reconnects (`retry:`)
-and gets the 503 or, once Redis is back, the events after its Last-Event-ID.
+`retry` event (`resume_store_unavailable`, never terminal); the client
+reconnects (`retry:`) and, once Redis is back, gets the events after its
+Last-Event-ID.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
 from sse_starlette import ServerSentEvent
@@ -41,9 +42,12 @@ from services.gateway.errors import GatewayError, GatewayException
 from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id, entry_seq
 from services.gateway.resume.redis_log import STORE_ERRORS, StoreMetrics
 from services.gateway.resume.replay_log import event_id
-from services.gateway.resume.store import gap_event
+from services.gateway.resume.store import STORE_UNAVAILABLE, gap_event, retry_event
 
 OwnerGone = Callable[[str, StreamKeys, StreamMeta, int], Awaitable[bool]]
+# After a take-over by this replica: the stream's events from this replica's
+# memory after a cursor (None when its memory does not reach back that far).
+LocalAfter = Callable[[str, int], AsyncIterator[ServerSentEvent] | None]
 TERMINAL_KINDS = frozenset({"done", "error", "cancelled"})
 READ_BATCH = 512  # events per XREAD: a long replay comes in pieces, not one reply
 
@@ -56,7 +60,7 @@ class ReaderMustMove(GatewayException):
 
 
 def store_unavailable(retry_after_s: int) -> GatewayError:
-    return GatewayError(503, "resume_store_unavailable",
+    return GatewayError(503, STORE_UNAVAILABLE,
                         "the shared resume log (Redis) is unreachable; retry shortly",
                         headers={"Retry-After": str(retry_after_s)})
 
@@ -108,11 +112,18 @@ async def fresh_followers(redis: Redis, keys: StreamKeys) -> int:
 
 async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, retry_ms: int,
                presence: Presence, block_s: float, timeout_s: float, retry_after_s: int,
-               metrics: StoreMetrics, owner_gone: OwnerGone
+               metrics: StoreMetrics, owner_gone: OwnerGone,
+               local_after: LocalAfter | None = None, retryable: bool = True
                ) -> AsyncGenerator[ServerSentEvent, None]:
     """`owner_gone(stream id, keys, meta, cursor)`: asked while nothing arrives; once
     the owner has stopped running it takes the stream over (the tail then reads
-    what the new owner writes) or ends it in the log (the tail reads that end)."""
+    what the new owner writes) or ends it in the log (the tail reads that end).
+    `local_after`: once this replica took the stream over, the reader follows
+    its memory instead of polling the store (under a storm of hundreds of
+    readers the polls were what made the store calls time out).
+    `retryable`: a store failure ends the tail with `event: retry` (the client
+    reconnects with its Last-Event-ID); False, the broken case, with a terminal
+    `error`."""
     yield ServerSentEvent(retry=retry_ms, sep="\n")
     cursor = after
     try:
@@ -138,14 +149,20 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
                     return
                 if meta.ended and cursor >= meta.last_seq:
                     return  # a client ahead of the log's end (found.ahead): nothing more
-                if not meta.ended:
-                    await owner_gone(stream_id, keys, meta, cursor)
+                if not meta.ended and await owner_gone(stream_id, keys, meta, cursor):
+                    local = local_after(stream_id, cursor) if local_after is not None else None
+                    if local is not None:
+                        async for event in local:
+                            yield event
+                        return
     except ReaderMustMove:
         return
     except STORE_ERRORS:
         metrics.read_failures.inc()
-        metrics.store_failed()
         error = store_unavailable(retry_after_s)
-        yield ServerSentEvent(event="error", data=json.dumps(error.body()), sep="\n")
+        if retryable:
+            yield retry_event(error.code, error.message, retry_ms)
+        else:
+            yield ServerSentEvent(event="error", data=json.dumps(error.body()), sep="\n")
     finally:
         await presence.leave(timeout_s)

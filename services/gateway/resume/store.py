@@ -60,6 +60,21 @@ def gap_event(stream_id: str, first: int, last: int) -> ServerSentEvent:
         "missed_events": last - first + 1}))
 
 
+# The event that says "trouble that may pass: reconnect with your Last-Event-ID"
+# (the shared store unreachable, this gateway paused past its store timeouts).
+# It has no `id:`, so a client's Last-Event-ID stays the last event it got, and
+# it comes with `retry:`; the response then ends, and an EventSource reconnects
+# by itself. Never terminal: a terminal event (`done`, `error`, `cancelled`)
+# means nothing more will come, and a blip is not that (docs/resume.md).
+RETRY_EVENT = "retry"
+STORE_UNAVAILABLE = "resume_store_unavailable"
+
+
+def retry_event(code: str, message: str, retry_ms: int) -> ServerSentEvent:
+    return ServerSentEvent(event=RETRY_EVENT, retry=retry_ms, sep="\n", data=json.dumps({
+        "code": code, "message": message, "retryable": True, "retry_ms": retry_ms}))
+
+
 class ResumeStore(ABC):
     settings: GatewaySettings
     metrics: ResumeMetrics

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -57,11 +58,22 @@ from streamlab_protocol.generation import GenerationState
 if TYPE_CHECKING:
     from services.gateway.resume.ports import Lease
 
+log = logging.getLogger("streamlab.gateway")
+
 MAX_ATTACH_RECORDS = 50  # per stream: enough to see a flapping client, bounded
 # The engine's word (gRPC ABORTED) for "another caller attached to this
 # detachable generation" (services/engine/detached.py, `Replaced`).
 SUPERSEDED = "aborted"
 MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
+# An engine call that failed this way may have lost only its hop, not its
+# generation (gRPC UNAVAILABLE: connection refused or reset; the idle
+# deadline: a black-holed hop): a detachable one is attached again.
+TRANSIENT_ENGINE_ERRORS = frozenset({"unavailable", "engine_idle_timeout"})
+# How long to keep trying: below the engine's orphan grace (services/engine/
+# settings.py, 60 s), the time the engine holds the generation for a caller
+# that left without a Cancel; docs/resume.md has the arithmetic.
+REATTACH_WINDOW_S = 20.0
+REATTACH_BACKOFF_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,9 @@ class ResumeMetrics:
                           "Streams held (running or replayable)", registry=registry)
         self.bytes = Gauge("streamlab_gateway_resume_replay_bytes",
                            "Bytes held in replay logs", registry=registry)
+        self.reattached = Counter("streamlab_gateway_resume_engine_reattached",
+                                  "Engine calls of resumable streams attached again after "
+                                  "the engine hop dropped them", registry=registry)
 
 
 class ResumableStream:
@@ -125,6 +140,7 @@ class ResumableStream:
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
+        self._next_index = 0  # the engine's index of the next token to come
 
     @property
     def ended(self) -> bool:
@@ -185,13 +201,20 @@ class ResumableStream:
 
     async def _produce(self) -> None:
         try:
-            async for event in self._lease.events():
-                if isinstance(event, pb.TokenChunk):
-                    self._append("token", {"index": event.index, "text": event.text})
-                elif isinstance(event, pb.Finish):  # tool calls: refused on this surface
-                    self._end(GenerationState.COMPLETED, "done", {
-                        "finish_reason": FINISH_REASONS.get(event.reason, "stop"),
-                        "usage": usage_dict(event.usage)})
+            while True:
+                try:
+                    async for event in self._lease.events():
+                        if isinstance(event, pb.TokenChunk):
+                            self._next_index = event.index + 1
+                            self._append("token", {"index": event.index, "text": event.text})
+                        elif isinstance(event, pb.Finish):  # tool calls: refused here
+                            self._end(GenerationState.COMPLETED, "done", {
+                                "finish_reason": FINISH_REASONS.get(event.reason, "stop"),
+                                "usage": usage_dict(event.usage)})
+                    return
+                except EngineError as exc:
+                    if not await self._reattach(exc):
+                        raise
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self._drained()
@@ -201,6 +224,34 @@ class ResumableStream:
                 self._end(GenerationState.FAILED, "error", exc.body())
         finally:
             self._lease.close()
+
+    async def _reattach(self, exc: EngineError) -> bool:
+        """The engine hop dropped the call (a blip: Toxiproxy off, a network
+        flap), but a detachable generation outlives its call: the engine holds
+        it as an orphan for its grace. Attach again after the last token the
+        log has, every `REATTACH_BACKOFF_S` until the hop answers or
+        `REATTACH_WINDOW_S` has passed; readers see only pings meanwhile, and
+        then the rest, each token once. False: not a blip, not detachable,
+        the broken "terminal" mode, or the engine no longer holds it (the
+        stream then fails as before)."""
+        if (exc.code not in TRANSIENT_ENGINE_ERRORS or not self._lease.detachable
+                or self._registry.settings.resume_transient != "retry"):
+            return False
+        deadline = time.monotonic() + REATTACH_WINDOW_S
+        after = self._next_index - 1 if self._next_index > 0 else None
+        while time.monotonic() < deadline:
+            await asyncio.sleep(REATTACH_BACKOFF_S)
+            try:
+                await self._lease.reattach(after)
+            except EngineError as again:
+                if again.code in TRANSIENT_ENGINE_ERRORS or again.status_code == 503:
+                    continue  # the hop is still down
+                log.warning("stream %s: re-attach after an engine-hop failure refused (%s)",
+                            self.id, again.message)
+                return False
+            self._registry.metrics.reattached.inc()
+            return True
+        return False
 
     def _drained(self) -> None:
         """The drain's deadline dropped the engine call: this gateway's streams

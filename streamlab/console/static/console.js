@@ -190,7 +190,20 @@ const drivers = {
       });
       terminal("done", "done");
       terminal("cancelled", "cancelled");
+      // Trouble that may pass (the shared store, a paused gateway): never an
+      // end. The response closes and EventSource reconnects after `retry:`
+      // with its Last-Event-ID (docs/resume.md, "Transient trouble").
+      source.addEventListener("retry", (e) => {
+        lane.bytes += sseBytes(e, "retry");
+        mark(lane, "error", `retry ${e.data}; will resume after ${lane.lastEventId || "(none)"}`);
+        setStatus(lane, "reconnecting");
+      });
       source.addEventListener("error", (e) => {
+        if (e instanceof MessageEvent && JSON.parse(e.data).retryable) {
+          lane.bytes += sseBytes(e, "error");  // a retryable error: as `retry`
+          mark(lane, "error", `retryable error ${e.data}`);
+          return;
+        }
         if (e instanceof MessageEvent) {  // the server's named `error` event
           lane.bytes += sseBytes(e, "error");
           source.close();

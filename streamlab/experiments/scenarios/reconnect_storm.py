@@ -220,7 +220,7 @@ def peak_per_s(times: list[float], window_s: float = 1.0) -> int:
 
 async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     mode = str(setup.knobs.get("mode", "fixed"))
-    n = timing.storm_streams
+    n = timing.streams or timing.storm_streams
     async with private_lab(lab, "reconnect-storm", gateways=2,
                            gateway_env=gateway_env(mode, n)) as private:
         body = chat_body("reconnect storm", prefill_ms=timing.prefill_ms, token_gap_ms=GAP_MS,

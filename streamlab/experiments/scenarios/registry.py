@@ -37,6 +37,7 @@ FAMILIES = (
     "rolling_deploy",
     "replica_loss",
     "responses_resume",
+    "transient_trouble",
 )
 
 _PACKAGE = "streamlab.experiments.scenarios."

@@ -127,4 +127,5 @@ def test_the_catalogue_s_needs() -> None:
         "bandwidth", "resume", "resume-upstream", "h2-shared-fate", "responses-resume"}
     assert {n for n, v in needs.items() if not v} == {
         "buffering", "buffering-header", "gzip", "websocket-upgrade", "seventh-tab",
-        "reconnect-storm", "store-faults", "rolling-deploy", "replica-loss"}
+        "reconnect-storm", "store-faults", "rolling-deploy", "replica-loss",
+        "owner-killed-storm", "transient-blip"}

@@ -20,10 +20,11 @@ ORDER = (
     "slow-reader-edge", "resume", "resume-upstream", "engine-reset", "engine-cut",
     "engine-down", "engine-blackhole", "seventh-tab", "h2-shared-fate", "reconnect-storm",
     "store-faults", "rolling-deploy", "replica-loss", "responses-resume",
+    "owner-killed-storm", "transient-blip",
 )
 
 
-def test_the_29_scenarios_in_catalogue_order() -> None:
+def test_the_31_scenarios_in_catalogue_order() -> None:
     assert registry.names() == ORDER
     assert [s.name for s in registry.all_scenarios()] == list(ORDER)
 
