@@ -281,6 +281,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.SessionEvent]:
         """The multiplexed wire (services/engine/session.py)."""
+        self._stats.sessions_opened += 1  # which wire a lab's gateways speak, seen from here
         session = EngineSession(self, self._stats, self._health)
         async with aclosing(session.run(request_iterator)) as events:
             async for event in events:

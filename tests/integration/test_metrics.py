@@ -6,6 +6,7 @@ Figures are deltas between two scrapes: the lab is shared by the session."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 
@@ -110,6 +111,27 @@ async def test_streams_through_the_edge_fill_both_metrics_endpoints(
     # The streams share the clock's grid, so a busy clock steps about once a gap.
     mean_step = en("streamlab_engine_decode_step_seconds_sum") / steps
     assert 0.5 * GAP_S <= mean_step <= GAP_S + 0.05, mean_step
+
+
+async def test_the_gateways_reach_the_engines_on_the_wire_the_run_asked_for(
+        lab: LabTarget, http: httpx.AsyncClient) -> None:
+    """The suite runs on either engine wire (STREAMLAB_GATEWAY_ENGINE_WIRE; CI's
+    compose run on the multiplexed one): a run that meant one wire and tested the
+    other would prove nothing about it. The engines count Session calls opened."""
+    wire = os.environ.get("STREAMLAB_GATEWAY_ENGINE_WIRE", "per_request")
+    _, engine_urls = urls(lab)
+    # One stream per engine at least, so every gateway-engine pair is used
+    # (with replicas a stream may land on any).
+    for _ in range(2 * len(engine_urls)):
+        result = await stream_chat(http, f"{lab.edge_url}/v1/chat/completions",
+                                   chat_body("which wire", answer_tokens=2))
+        assert result.done, result.error
+    opened = (await scrape(http, engine_urls)).get(
+        ("streamlab_engine_sessions_opened_total", frozenset()), 0.0)
+    if wire == "multiplexed":
+        assert opened >= 1, "no engine saw a Session call: the gateways speak per_request"
+    else:
+        assert opened == 0, f"{opened:g} Session calls on a per_request lab"
 
 
 async def test_a_client_that_leaves_is_one_cancel_latency_and_one_cancelled_generation(
