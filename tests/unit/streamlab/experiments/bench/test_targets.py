@@ -18,16 +18,20 @@ def part(variant: str, figures: Mapping[str, Figure], parts: tuple[Report, ...] 
 
 
 SETUP: dict[str, Figure] = {"setup_ms_gateway": 0.9, "setup_ms_engine": 0.25}
-SLOW: dict[str, Figure] = {"streams": 5000, "admission": "on", "completed": 5000, "ttft_ms_p99": 800.0,
-        "heartbeat_late_ms_p99": 300.0, "gateway_kib_per_stream": 35.0}
-PACED: dict[str, Figure] = {"clock": "batched", "streams": 100, "completed": 100, "icl_ms_p50": 20.1,
-         "icl_ms_p99": 26.0, "us_per_token_engine": 40.0, "us_per_token_toxiproxy": 40.0,
-         "us_per_token_toxiproxy-backend": 40.0, "us_per_token_gateway": 50.0,
-         "us_per_token_nginx": 10.0, "us_per_token_client": 500.0}
-STORM: dict[str, Figure] = {"streams": 2000, "cut_streams": 2000, "lost": 0, "next_token_s": 4.2,
-         "complete_exactly_once": 2000, "duplicates": 0}
-CANCEL: dict[str, Figure] = {"per_request_cancel_latency_p99_ms": 30.0, "per_request_background_streams": 1000,
-          "multiplexed_cancel_latency_p99_ms": 20.0, "multiplexed_background_streams": 1000}
+SLOW: dict[str, Figure] = {
+    "streams": 5000, "admission": "on", "completed": 5000, "ttft_ms_p99": 800.0,
+    "heartbeat_late_ms_p99": 300.0, "gateway_kib_per_stream": 35.0}
+PACED: dict[str, Figure] = {
+    "clock": "batched", "streams": 100, "completed": 100, "icl_ms_p50": 20.1,
+    "icl_ms_p99": 26.0, "us_per_token_engine": 40.0, "us_per_token_toxiproxy": 40.0,
+    "us_per_token_toxiproxy-backend": 40.0, "us_per_token_gateway": 50.0,
+    "us_per_token_nginx": 10.0, "us_per_token_client": 500.0}
+STORM: dict[str, Figure] = {
+    "streams": 2000, "cut_streams": 2000, "lost": 0, "next_token_s": 4.2,
+    "complete_exactly_once": 2000, "duplicates": 0}
+CANCEL: dict[str, Figure] = {
+    "per_request_cancel_latency_p99_ms": 30.0, "per_request_background_streams": 1000,
+    "multiplexed_cancel_latency_p99_ms": 20.0, "multiplexed_background_streams": 1000}
 
 
 def cells(setup: Mapping[str, Figure] = SETUP, slow: Mapping[str, Figure] = SLOW,
