@@ -295,6 +295,8 @@ def scale(
                                                                "while others are cancelled, "
                                                                "both wires; 0 skips it.")
                                  ] = 1000,
+    cancel_streams: Annotated[int, typer.Option(min=1, help="Cell f: streams abandoned on "
+                                                            "each wire.")] = 200,
     skip_cadence: Annotated[bool, typer.Option(help="Run only cell c (and d).")] = False,
     setup_streams: Annotated[int, typer.Option(min=0, help="Cell d: two-token streams at "
                                                            "100/s for CPU per stream set-up "
@@ -331,6 +333,7 @@ def scale(
             slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
             cadence=not skip_cadence, setup_streams=setup_streams,
             storm_streams=storm_streams, cancel_background=cancel_background,
+            cancel_streams=cancel_streams,
             on_cell=on_cell, on_step=lambda step: err.print(f"{step} ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
     _render(report, as_json=as_json, plot=plot, verdict=False)
