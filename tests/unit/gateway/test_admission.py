@@ -4,6 +4,7 @@ on a clock the test moves, the bounded wait, and the mode without it."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -65,3 +66,48 @@ def test_wait_sleeps_until_the_turn() -> None:
         return loop.time() - started
 
     assert asyncio.run(three()) >= 0.09
+
+
+def test_a_set_up_waits_while_the_loop_is_behind_then_goes() -> None:
+    admission = SetupAdmission(rate_per_s=1000.0, max_wait_s=5.0)
+
+    async def run() -> tuple[bool, float]:
+        loop = asyncio.get_running_loop()
+        await admission.wait()  # starts the monitor; the loop is calm
+        await asyncio.sleep(0.06)
+        # Block the loop for 300 ms: the monitor's next tick sees the lag and
+        # holds new set-ups back until a tick comes on time again.
+        time.sleep(0.3)
+        # A timer after the monitor's (already due): its late tick runs first.
+        await asyncio.sleep(0.001)
+        held = asyncio.create_task(admission.wait())
+        await asyncio.sleep(0)
+        behind = not held.done()
+        started = loop.time()
+        async with asyncio.timeout(5.0):
+            await held
+        return behind, loop.time() - started
+
+    behind, waited = asyncio.run(run())
+    assert behind
+    assert waited >= 0.03  # the next tick, on time, let it go
+
+
+def test_behind_for_longer_than_the_longest_wait_is_refused() -> None:
+    admission = SetupAdmission(rate_per_s=1000.0, max_wait_s=0.2)
+
+    async def run() -> None:
+        await admission.wait()
+        await asyncio.sleep(0.06)
+        time.sleep(0.3)
+        await asyncio.sleep(0.001)
+        waiter = asyncio.create_task(admission.wait())
+        await asyncio.sleep(0)
+        time.sleep(0.3)  # behind again before its wait ends: each tick is late
+        await asyncio.sleep(0)
+        time.sleep(0.3)
+        await waiter
+
+    with pytest.raises(ServerBusy):
+        asyncio.run(run())
+    assert admission.refused == 1
