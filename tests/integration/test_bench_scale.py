@@ -29,8 +29,8 @@ def test_bench_scale_runs_every_cell_and_judges_each_target(lab: Lab) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "streamlab.cli", "bench", "scale", "--run-dir",
          str(lab.run_dir), "--sweep", "10", "--tokens", "10", "--clocks", "batched",
-         "--setup-streams", "30", "--slow-streams", str(SLOW), "--slow-tokens", "3",
-         "--slow-ramp-s", "0.5", "--admission", "off,on", "--admission-rate", "100",
+         "--setup-streams", "30", "--slow-streams", str(SLOW), "--slow-tokens", "4",
+         "--slow-ramp-s", "2", "--admission", "off,on", "--admission-rate", "100",
          "--storm-streams", str(STORM), "--cancel-background", str(BACKGROUND),
          "--cancel-streams", "10", "--json"],
         capture_output=True, text=True, timeout=420, cwd=REPO_ROOT, check=False)

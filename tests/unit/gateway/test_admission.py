@@ -68,6 +68,11 @@ def test_wait_sleeps_until_the_turn() -> None:
     assert asyncio.run(three()) >= 0.09
 
 
+def block_the_loop(seconds: float) -> None:
+    """What a burst of set-ups does to the loop: nothing else runs meanwhile."""
+    time.sleep(seconds)
+
+
 def test_a_set_up_waits_while_the_loop_is_behind_then_goes() -> None:
     admission = SetupAdmission(rate_per_s=1000.0, max_wait_s=5.0)
 
@@ -77,7 +82,7 @@ def test_a_set_up_waits_while_the_loop_is_behind_then_goes() -> None:
         await asyncio.sleep(0.06)
         # Block the loop for 300 ms: the monitor's next tick sees the lag and
         # holds new set-ups back until a tick comes on time again.
-        time.sleep(0.3)
+        block_the_loop(0.3)
         # A timer after the monitor's (already due): its late tick runs first.
         await asyncio.sleep(0.001)
         held = asyncio.create_task(admission.wait())
@@ -99,13 +104,13 @@ def test_behind_for_longer_than_the_longest_wait_is_refused() -> None:
     async def run() -> None:
         await admission.wait()
         await asyncio.sleep(0.06)
-        time.sleep(0.3)
+        block_the_loop(0.3)
         await asyncio.sleep(0.001)
         waiter = asyncio.create_task(admission.wait())
         await asyncio.sleep(0)
-        time.sleep(0.3)  # behind again before its wait ends: each tick is late
+        block_the_loop(0.3)  # behind again before its wait ends: each tick is late
         await asyncio.sleep(0)
-        time.sleep(0.3)
+        block_the_loop(0.3)
         await waiter
 
     with pytest.raises(ServerBusy):
