@@ -29,8 +29,8 @@ def test_bench_scale_runs_every_cell_and_judges_each_target(lab: Lab) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "streamlab.cli", "bench", "scale", "--run-dir",
          str(lab.run_dir), "--sweep", "10", "--tokens", "10", "--clocks", "batched",
-         "--setup-streams", "30", "--slow-streams", str(SLOW), "--slow-tokens", "4",
-         "--slow-ramp-s", "2", "--admission", "off,on", "--admission-rate", "100",
+         "--setup-streams", "30", "--slow-streams", str(SLOW), "--slow-tokens", "5",
+         "--slow-ramp-s", "3", "--admission", "off,on", "--admission-rate", "100",
          "--storm-streams", str(STORM), "--cancel-background", str(BACKGROUND),
          "--cancel-streams", "10", "--json"],
         capture_output=True, text=True, timeout=420, cwd=REPO_ROOT, check=False)
@@ -50,6 +50,8 @@ def test_bench_scale_runs_every_cell_and_judges_each_target(lab: Lab) -> None:
     for mode in slow["parts"]:
         figures = mode["figures"]
         assert figures["completed"] + figures["failed"] == SLOW
+        # The fake model's first token comes a gap after the head: a 3 s ramp
+        # sees the first streams' second and third tokens.
         assert "ramp_token_late_ms_p99" in figures
     # The report's own figures are the protected mode's.
     assert slow["figures"]["admission"] == "on"
