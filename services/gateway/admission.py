@@ -6,8 +6,8 @@ it holds its slot and before it opens the engine call. The admission is a
 token bucket on set-ups (`admission_rate_per_s`, a burst of 50 ms worth): a
 set-up beyond the rate waits its turn, first come first served, rather than
 running at once. Waiting is one timer; a set-up is the engine call, its
-accept, the response head and the SSE task, 2-3 ms of the gateway's CPU and
-as much again in the engine and every hop. On a 2-core machine a ramp of 500
+accept, the response head and the SSE task: about 2 ms of the gateway's CPU
+and 3 ms more in the engine and the hops (docs/cost.md). On a 2-core machine a ramp of 500
 new streams a second is more set-up than the cores can run, and without
 admission the set-ups and the running streams' tokens and heartbeats share
 one event loop in arrival order: every running stream's next write waits
@@ -25,8 +25,8 @@ turn in the bucket, so a calm tick after a stall does not release them all
 at once.
 
 A set-up whose turn is more than `admission_max_wait_s` away (calm and turn
-together) is refused: 503 `server_busy` with Retry-After (the queue's length, whole seconds),
-before anything was started for it. The queue is virtual (the next free turn,
+together) is refused: 503 `server_busy` with Retry-After (the queue's
+length, whole seconds), before anything was started for it. The queue is virtual (the next free turn,
 GCRA): O(1) per request, and a waiter that leaves (its client disconnected)
 only wastes its turn.
 
