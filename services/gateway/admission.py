@@ -26,9 +26,9 @@ at once.
 
 A set-up whose turn is more than `admission_max_wait_s` away (calm and turn
 together) is refused: 503 `server_busy` with Retry-After (the queue's
-length, whole seconds), before anything was started for it. The queue is virtual (the next free turn,
-GCRA): O(1) per request, and a waiter that leaves (its client disconnected)
-only wastes its turn.
+length, whole seconds), before anything was started for it. The queue is
+virtual (the next free turn, GCRA): O(1) per request, and a waiter that
+leaves (its client disconnected) only wastes its turn.
 
 `admission_rate_per_s: 0` turns it off: every set-up runs as it arrives (the
 broken mode the bench shows beside it).
