@@ -13,6 +13,8 @@ engine's gRPC status maps onto HTTP.
       │   ├── JobNotFound         404 job_not_found (jobs.py)
       │   ├── TooManyStreams      429 too_many_streams, with Retry-After (limits.py)
       │   ├── TooManyConnections  429 too_many_connections, with Retry-After (limits.py)
+      │   ├── ServerBusy          503 server_busy, with Retry-After: set-ups queued past
+      │   │                       admission_max_wait_s (admission.py)
       │   └── EngineError         the engine refused, failed or could not be reached:
       │                           its gRPC status as HTTP (INVALID_ARGUMENT, OUT_OF_RANGE,
       │                           FAILED_PRECONDITION 400, NOT_FOUND 404,

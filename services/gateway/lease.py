@@ -118,6 +118,8 @@ class EngineLease:
         try:
             if self._client_key is not None and gateway.shared_caps is not None:
                 self._shared_slot = await gateway.shared_caps.acquire(self._client_key)
+            # Its turn to be set up (services/gateway/admission.py), holding its slot.
+            await gateway.admission.wait()
             self._stream = await gateway.engine.open(request)
         except BaseException as exc:
             self.close()

@@ -83,6 +83,12 @@ class GatewaySettings(BaseSettings):
     max_streams: int = Field(8192, ge=1)
     max_streams_per_client: int = Field(64, ge=1)
     retry_after_s: int = Field(1, ge=0)
+    # Set-up admission (services/gateway/admission.py): new streams set up per
+    # second, a burst of 50 ms worth, the rest waiting their turn up to
+    # `admission_max_wait_s` (past it: 503 + Retry-After), so that a ramp of new
+    # streams does not starve the running ones. 0: no admission control.
+    admission_rate_per_s: float = Field(0.0, ge=0)
+    admission_max_wait_s: float = Field(10.0, ge=0)
     # Request size: bytes of body, characters of prompt (all messages together).
     max_body_bytes: int = Field(1_000_000, ge=1024)
     max_prompt_chars: int = Field(100_000, ge=1)

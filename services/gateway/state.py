@@ -23,6 +23,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from services.gateway.admission import SetupAdmission
 from services.gateway.broken_modes import BrokenModes
 from services.gateway.drain import Drain
 from services.gateway.engine_client import Engine
@@ -49,6 +50,9 @@ class GatewayState:
         # New connections to the resume surface per second (0: unlimited).
         self.connect_rate = ConnectRate(settings.resume_connect_rate_per_s,
                                         settings.retry_after_s)
+        # New engine calls set up per second (0: as they come).
+        self.admission = SetupAdmission(settings.admission_rate_per_s,
+                                        settings.admission_max_wait_s)
         self.broken_modes = BrokenModes(settings.allow_broken_modes)
         self.streams: ResumeStore = build_store(settings, self.metrics.registry)
         self.jobs = JobStore(settings.job_ttl_s, JobMetrics(self.metrics.registry),

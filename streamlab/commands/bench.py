@@ -280,6 +280,23 @@ def scale(
                                                           "0 skips the cell.")] = 5000,
     slow_tokens: Annotated[int, typer.Option(min=2, help="Cell c: tokens per slow stream "
                                                          "(one a second).")] = 20,
+    slow_ramp_s: Annotated[float, typer.Option(min=0.0, help="Cell c: seconds over which "
+                                                             "the slow streams open.")] = 10.0,
+    admission: Annotated[str, typer.Option(help="Cell c: the gateway's set-up admission, "
+                                                "each in turn: off, on, or off,on.")
+                         ] = "off,on",
+    admission_rate: Annotated[float, typer.Option(min=0.1, help="Cell c: set-ups a second "
+                                                                "with admission on.")
+                              ] = 200.0,
+    storm_streams: Annotated[int, typer.Option(min=0, help="Cell e: resumable streams cut "
+                                                           "at once at the edge (a private "
+                                                           "lab); 0 skips it.")] = 2000,
+    cancel_background: Annotated[int, typer.Option(min=0, help="Cell f: streams running "
+                                                               "while others are cancelled, "
+                                                               "both wires; 0 skips it.")
+                                 ] = 1000,
+    cancel_streams: Annotated[int, typer.Option(min=1, help="Cell f: streams abandoned on "
+                                                            "each wire.")] = 200,
     skip_cadence: Annotated[bool, typer.Option(help="Run only cell c (and d).")] = False,
     setup_streams: Annotated[int, typer.Option(min=0, help="Cell d: two-token streams at "
                                                            "100/s for CPU per stream set-up "
@@ -289,13 +306,18 @@ def scale(
     """N paced streams through the full chain: inter-chunk p50/p99 and TTFT p99 as N grows,
     the engine's batched clock vs per-stream timers, and µs of CPU per token per process;
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
-    heartbeat lateness, open files per process. First (cell d) the CPU each process spends
-    per stream set-up, as `bench setup` measures it."""
+    heartbeat lateness, open files per process, without and with set-up admission. First
+    (cell d) the CPU each process spends per stream set-up, as `bench setup` measures it;
+    then (cell e) a reconnect storm and (cell f) cancel latency beside 1,000 streams. Last,
+    every target of the cells that ran, measured / target / met, in one table."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
 
     lab = reach(run_dir)
     if entry not in ENTRIES:
         raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
+    modes = tuple(m.strip() for m in admission.split(",") if m.strip())
+    if not modes or any(m not in ("off", "on") for m in modes):
+        raise typer.BadParameter(f"--admission {admission!r}: off, on, or off,on")
 
     def on_cell(cell: ScaleCell) -> None:
         icl = cell.load.icl_ms
@@ -308,9 +330,11 @@ def scale(
             lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
             step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
             entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
-            cadence=not skip_cadence, setup_streams=setup_streams, on_cell=on_cell,
-            on_slow=lambda: err.print(f"cell c: {slow_streams} slow streams, {slow_tokens} "
-                                      "tokens each ..."))
+            slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
+            cadence=not skip_cadence, setup_streams=setup_streams,
+            storm_streams=storm_streams, cancel_background=cancel_background,
+            cancel_streams=cancel_streams,
+            on_cell=on_cell, on_step=lambda step: err.print(f"{step} ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
     _render(report, as_json=as_json, plot=plot, verdict=False)
 

@@ -130,6 +130,11 @@ class LoadResult:
     # the one before it (the first: after the response head).
     heartbeats: int = 0
     heartbeat_late_ms: dict[str, float] = field(default_factory=dict)
+    # The same, and each token's lateness against `token_gap_ms` (its gap past
+    # the gap asked for), for what arrived while the ramp was still opening
+    # streams: what a burst of set-ups does to the streams already running.
+    ramp_heartbeat_late_ms: dict[str, float] = field(default_factory=dict)
+    ramp_token_late_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def client_us_per_token(self) -> float | None:
@@ -156,6 +161,9 @@ class LoadResult:
         if self.heartbeats:
             out["heartbeats"] = self.heartbeats
             out.update({f"heartbeat_late_ms_{q}": v for q, v in self.heartbeat_late_ms.items()})
+        out.update({f"ramp_heartbeat_late_ms_{q}": v
+                    for q, v in self.ramp_heartbeat_late_ms.items()})
+        out.update({f"ramp_token_late_ms_{q}": v for q, v in self.ramp_token_late_ms.items()})
         return out
 
     def report(self, experiment: str = "bench load", variant: str = "") -> Report:
@@ -174,14 +182,15 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
                    streams: int = 0, ramp_s: float = 0.5, rate: float = 0.0,
                    duration_s: float = 0.0, timeout_s: float = 120.0,
                    seed: int = 1, keep_text: bool = False,
-                   heartbeat_s: float = 0.0) -> LoadResult:
+                   heartbeat_s: float = 0.0, token_gap_ms: float = 0.0) -> LoadResult:
     """`streams` at once, their starts spread evenly over `ramp_s` (a burst of
     thousands of connects is the kernel's accept queue's test, not the relay's);
     or, with `rate`, Poisson arrivals at `rate` per second for `duration_s`.
     `keep_text` keeps each response and decodes its text after the run (never
     on the hot path): for checks that every stream got the whole answer.
     `heartbeat_s` (the interval the request asks for) tracks `: ping` arrivals
-    and reports how late they came."""
+    and reports how late they came; `token_gap_ms` (the gap the request asks
+    for) reports how late tokens came while the ramp ran."""
     loop = asyncio.get_running_loop()
     request = http_request(host, port, path, body)
     if rate > 0:
@@ -195,6 +204,7 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
     meter = CpuMeter(os.getpid())
     cpu_before = meter.read()
     begin = loop.time()
+    ramp_end = time.monotonic() + (duration_s if rate > 0 else ramp_s)
     opened: list[_Stream] = []
     failures: dict[str, int] = {}
 
@@ -221,17 +231,45 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
     if heartbeat_s > 0:
         late = heartbeat_lateness_ms(opened, heartbeat_s)
         result.heartbeats, result.heartbeat_late_ms = len(late), _quantiles(late)
+        result.ramp_heartbeat_late_ms = _quantiles(
+            heartbeat_lateness_ms(opened, heartbeat_s, until=ramp_end))
+    if token_gap_ms > 0:
+        result.ramp_token_late_ms = _quantiles(
+            token_lateness_ms(opened, token_gap_ms / 1000, until=ramp_end))
     return result
 
 
-def heartbeat_lateness_ms(opened: list[_Stream], interval_s: float) -> list[float]:
-    """Per heartbeat: ms past `interval_s` after the previous one (the first one:
-    after the response head); 0 when on time."""
+def heartbeat_lateness_ms(opened: list[_Stream], interval_s: float,
+                          until: float = float("inf")) -> list[float]:
+    """Per heartbeat (those that arrived by `until`, monotonic s): ms past
+    `interval_s` after the previous one (the first one: after the response
+    head); 0 when on time."""
     late: list[float] = []
     for stream in opened:
         previous = stream.head_at
         for at in stream.pings or ():
+            if at > until:
+                break
             late.append(max(0.0, (at - previous - interval_s) * 1000))
+            previous = at
+    return late
+
+
+def token_lateness_ms(opened: list[_Stream], gap_s: float,
+                      until: float = float("inf")) -> list[float]:
+    """Per token after a stream's first (those that arrived by `until`): ms
+    past `gap_s` after the read before it; 0 when on time. Tokens bunched in
+    one read count as on time (the first of them carries the lateness)."""
+    late: list[float] = []
+    for stream in opened:
+        if not stream.arrivals:
+            continue
+        previous = stream.arrivals[0][0]
+        for at, count in stream.arrivals[1:]:
+            if at > until:
+                break
+            late.append(max(0.0, (at - previous - gap_s) * 1000))
+            late.extend([0.0] * (count - 1))
             previous = at
     return late
 

@@ -15,6 +15,12 @@ and where each token's CPU goes.
     c) slow      5,000 slow streams at once (streamlab/experiments/bench/scale_slow.py)
     d) set-up    CPU per stream set-up for each process, N two-token streams at
                  100/s (streamlab/experiments/bench/setup_cost.py, `bench setup`)
+    e) storm     N resumable streams cut at once at the edge and restored (the
+                 reconnect-storm scenario's measurement, on its private lab)
+    f) cancel    cancel latency on both engine wires with 1,000 streams running
+                 (streamlab/experiments/bench/cancel.py)
+    targets      every target of the cells that ran, one table, measured /
+                 target / met (streamlab/experiments/bench/targets.py)
 
 The clock is the engine's setting (STREAMLAB_FAKE_CLOCK), so the bench restarts
 the engine to switch it, and raises the engine's and gateway's stream caps to
@@ -31,7 +37,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 import psutil
@@ -261,27 +267,51 @@ NEEDS = frozenset({Capability.PIDS, Capability.RESTART_SERVICE, Capability.ENGIN
 
 def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,
                 step_ms: int = 20, clocks: tuple[str, ...] = CLOCKS, entry: str = "edge",
-                slow_streams: int = 0, slow_tokens: int = 20, cadence: bool = True,
-                setup_streams: int = 0,
+                slow_streams: int = 0, slow_tokens: int = 20, slow_ramp_s: float = 10.0,
+                admission: tuple[str, ...] = ("off", "on"), admission_rate: float = 200.0,
+                cadence: bool = True, setup_streams: int = 0, storm_streams: int = 0,
+                cancel_background: int = 0, cancel_streams: int = 200,
                 on_cell: Callable[[ScaleCell], None] = lambda cell: None,
-                on_slow: Callable[[], None] = lambda: None) -> Report:
+                on_step: Callable[[str], None] = lambda step: None) -> Report:
     """`streamlab bench scale`: cell d with `setup_streams` (0: none), the
-    cadence sweep (cells a and b, unless not `cadence`), then cell c with
-    `slow_streams` (0: none), each a part."""
+    cadence sweep (cells a and b, unless not `cadence`), cell c with
+    `slow_streams` (0: none) once per `admission` mode, cell e with
+    `storm_streams` (0: none), cell f with `cancel_background` streams running
+    (0: none), each a part; then the targets of the cells that ran, a part."""
+    from streamlab.experiments.bench.targets import Cells, storm_cell, targets_report
+
     if entry not in ENTRIES:
         raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, not {entry!r}")
     require(lab, NEEDS, "bench scale")
-    parts: list[Report] = []
+    cells = Cells()
     if setup_streams:
         # First, on the lab as it is: the sweep restarts services and raises caps.
         from streamlab.experiments.bench.setup_cost import run_setup, setup_report
 
-        parts.append(setup_report(run_setup(lab, streams=setup_streams, paced=None)))
+        on_step(f"cell d: {setup_streams} set-ups")
+        cells = replace(cells, setup=setup_report(run_setup(lab, streams=setup_streams,
+                                                            paced=None)))
     if cadence:
-        parts.append(run_scale(lab, sweep, tokens, step_ms, clocks, on_cell, entry=entry))
+        on_step("cells a, b: the cadence sweep")
+        cells = replace(cells, cadence=run_scale(lab, sweep, tokens, step_ms, clocks, on_cell,
+                                                 entry=entry))
     if slow_streams:
         from streamlab.experiments.bench.scale_slow import run_slow
 
-        on_slow()
-        parts.append(run_slow(lab, slow_streams, slow_tokens))
+        on_step(f"cell c: {slow_streams} slow streams, {slow_tokens} tokens each, "
+                f"admission {', '.join(admission)}")
+        cells = replace(cells, slow=run_slow(lab, slow_streams, slow_tokens, slow_ramp_s,
+                                             admission, admission_rate))
+    if storm_streams:
+        on_step(f"cell e: a reconnect storm of {storm_streams} streams")
+        cells = replace(cells, storm=storm_cell(lab, storm_streams))
+    if cancel_background:
+        from streamlab.experiments.bench.cancel import WIRES, bench_cancel_wires
+
+        on_step(f"cell f: cancel beside {cancel_background} streams, both wires")
+        cells = replace(cells, cancel=bench_cancel_wires(
+            lab, WIRES, streams=cancel_streams, background=cancel_background))
+    parts = [p for p in (cells.setup, cells.cadence, cells.slow, cells.storm, cells.cancel)
+             if p is not None]
+    parts.append(targets_report(cells, os.getloadavg()))
     return Report("bench scale", parts=tuple(parts))

@@ -267,6 +267,10 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     outcomes = Counter(outcome for t, outcome in run.attempts if t >= cut_at)
     cut = [c for c in clients if c.cut]
     back = [c.back_at - restored_at for c in cut if c.back_at is not None]
+    # Each cut stream's next token: its first after the restore, s past it.
+    since = [[t - run.t0 - restored_at for t in c.token_times if t - run.t0 >= restored_at]
+             for c in cut]
+    next_token = [min(times) for times in since if times]
     complete = [c for c in clients if c.terminal == "done" and c.tokens == TOKENS
                 and sorted(c.seqs) == list(range(1, len(c.seqs) + 1))]
     duplicates = sum(len(c.seqs) - len(set(c.seqs)) for c in clients)
@@ -285,6 +289,7 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
         "http_429": outcomes["429"], "http_5xx": outcomes["5xx"],
         "recovered": len(back), "lost": len(cut) - len(back),
         "recovery_s": round(max(back), 2) if back and len(back) == len(cut) else None,
+        "next_token_s": round(max(next_token), 2) if next_token else None,
         "complete_exactly_once": len(complete), "duplicates": duplicates,
         "all_complete": len(complete) == n,
     }, (timeline,))

@@ -126,8 +126,10 @@ def test_scale_cells_are_judged_on_cadence_and_the_break_points_are_figures() ->
     assert totals == [350, 350, 70, 70]  # µs per token over the processes that were read
 
 
-def slow_cell(streams: int, completed: int, late_p99: float) -> SlowCell:
+def slow_cell(streams: int, completed: int, late_p99: float,
+              ttft_p99: float = 400.0) -> SlowCell:
     load = LoadResult(streams=streams, completed=completed, tokens=completed * 20,
+                      ttft_ms={"p50": 20.0, "p99": ttft_p99},
                       heartbeats=streams * 4,
                       heartbeat_late_ms={"p50": 5.0, "p90": 50.0, "p99": late_p99})
     mib = 2**20
@@ -141,8 +143,9 @@ def test_the_slow_cell_is_judged_on_its_bounds() -> None:
     good = slow_cell(1000, 1000, 300.0).report()
     assert good.figures["gateway_kib_per_stream"] == 20.0
     assert good.as_expected, good.explain()
-    bad = slow_cell(1000, 990, 1500.0).report()
-    assert {c.check.figure for c in bad.failures} == {"completed", "heartbeat_late_ms_p99"}
+    bad = slow_cell(1000, 990, 600.0, ttft_p99=1200.0).report()
+    assert {c.check.figure for c in bad.failures} == {"completed", "heartbeat_late_ms_p99",
+                                                      "ttft_ms_p99"}
     (processes,) = bad.tables
     assert processes.rows[0][:2] == ("gateway", 1010)
 
