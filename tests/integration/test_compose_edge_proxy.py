@@ -20,12 +20,12 @@ from streamlab.lab.compose import ComposeLab
 from streamlab.lab.compose_config import HEALTH_PATHS
 from streamlab.lab.target import LabTarget
 from tests.integration.test_proxies import (
-    BUFFERS_OUT_OF_THE_BOX,
     GAP_MS,
     HEARTBEAT_S,
     NO_IDLE_TIMEOUT,
     PREFILL_MS,
     TOKENS,
+    assert_out_of_the_box,
     completions,
     streamed,
 )
@@ -77,19 +77,7 @@ async def test_streaming_location_passes_tokens_one_by_one(
 
 async def test_out_of_the_box_location(compose_lab: ComposeLab,
                                        http: httpx.AsyncClient) -> None:
-    body = chat_body("hello", prefill_ms=PREFILL_MS, token_gap_ms=GAP_MS, answer_tokens=TOKENS)
-    result = await stream_chat(http, completions(compose_lab.edge_url, "/buffered/"), body,
-                               headers={"Accept-Encoding": "gzip"})
-    assert result.done, result.error
-    assert len(result.texts) == TOKENS
-    assert result.first_byte_s is not None
-    lump = (result.first_byte_s >= 0.9 * result.total_s
-            and result.token_times[-1] - result.token_times[0] < 0.1 * result.total_s)
-    assert lump == BUFFERS_OUT_OF_THE_BOX[compose_lab.edge_proxy], (
-        f"{compose_lab.edge_proxy} /buffered/: first byte at {result.first_byte_s:.2f} s "
-        f"of {result.total_s:.2f} s; tokens at {result.token_times}")
-    if not lump:
-        assert streamed(result)
+    await assert_out_of_the_box(http, compose_lab.edge_url, compose_lab.edge_proxy)
 
 
 @pytest.mark.parametrize("heartbeat_s", [0.0, HEARTBEAT_S], ids=["silent", "heartbeats"])

@@ -226,22 +226,28 @@ async def test_any_host_name_reaches_the_gateway(proxy_lab: Lab, http: httpx.Asy
     assert response.json()["data"], response.text
 
 
-async def test_out_of_the_box_location(proxy_lab: Lab, http: httpx.AsyncClient) -> None:
-    """`/buffered/`: the proxy with its defaults. Whether it holds the stream
-    back is measured, per proxy (BUFFERS_OUT_OF_THE_BOX)."""
+async def assert_out_of_the_box(http: httpx.AsyncClient, edge_url: str, proxy: str) -> None:
+    """`/buffered/` holds the stream back as this proxy does out of the box
+    (BUFFERS_OUT_OF_THE_BOX), or streams it; the compose lab's test asks too."""
     body = chat_body("hello", prefill_ms=PREFILL_MS, token_gap_ms=GAP_MS, answer_tokens=TOKENS)
-    result = await stream_chat(http, completions(proxy_lab.edge_url, "/buffered/"), body,
+    result = await stream_chat(http, completions(edge_url, "/buffered/"), body,
                                headers={"Accept-Encoding": "gzip"})
     assert result.done, result.error
     assert len(result.texts) == TOKENS
     assert result.first_byte_s is not None
     lump = (result.first_byte_s >= 0.9 * result.total_s
             and result.token_times[-1] - result.token_times[0] < 0.1 * result.total_s)
-    assert lump == BUFFERS_OUT_OF_THE_BOX[proxy_lab.edge_proxy], (
-        f"{proxy_lab.edge_proxy} /buffered/: first byte at {result.first_byte_s:.2f} s "
+    assert lump == BUFFERS_OUT_OF_THE_BOX[proxy], (
+        f"{proxy} /buffered/: first byte at {result.first_byte_s:.2f} s "
         f"of {result.total_s:.2f} s; tokens at {result.token_times}")
     if not lump:
         assert streamed(result)
+
+
+async def test_out_of_the_box_location(proxy_lab: Lab, http: httpx.AsyncClient) -> None:
+    """`/buffered/`: the proxy with its defaults. Whether it holds the stream
+    back is measured, per proxy (BUFFERS_OUT_OF_THE_BOX)."""
+    await assert_out_of_the_box(http, proxy_lab.edge_url, proxy_lab.edge_proxy)
 
 
 @pytest.mark.parametrize("heartbeat_s", [0.0, HEARTBEAT_S], ids=["silent", "heartbeats"])

@@ -135,6 +135,30 @@ class Storm:
         created = json.loads(rest)
         client.stream_id, client.retry_ms = created["id"], int(created["retry_ms"])
 
+    def launch(self, clients: list[Client], give_up_at: float
+               ) -> tuple[list[asyncio.Task[None]], asyncio.Event]:
+        """Each client creates its stream, the creates spread over RAMP_S, then
+        follows it until give_up_at. The event is set once every create has
+        answered (201 or not): the moment a storm may cut."""
+        all_open = asyncio.Event()
+        opened = 0
+
+        async def one(k: int, client: Client) -> None:
+            nonlocal opened
+            await asyncio.sleep(k * RAMP_S / len(clients))
+            try:
+                await self.create(client)
+            except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
+                self.create_errors[f"{type(exc).__name__}: {exc}"[:80]] += 1
+                return
+            finally:
+                opened += 1
+                if opened == len(clients):
+                    all_open.set()
+            await self.follow(client, give_up_at)
+
+        return [asyncio.create_task(one(k, c)) for k, c in enumerate(clients)], all_open
+
     async def follow(self, client: Client, give_up_at: float) -> None:
         while client.terminal is None and self.now() < give_up_at:
             await self._connect_once(client)
@@ -229,24 +253,7 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
         clients = [Client() for _ in range(n)]
         give_up_at = RAMP_S + CUT_AFTER_RAMP_S + CUT_S + GIVE_UP_AFTER_S
 
-        all_open = asyncio.Event()
-        opened = 0
-
-        async def one(k: int, client: Client) -> None:
-            nonlocal opened
-            await asyncio.sleep(k * RAMP_S / n)
-            try:
-                await run.create(client)
-            except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
-                run.create_errors[f"{type(exc).__name__}: {exc}"[:80]] += 1
-                return
-            finally:
-                opened += 1
-                if opened == n:
-                    all_open.set()
-            await run.follow(client, give_up_at)
-
-        tasks = [asyncio.create_task(one(k, c)) for k, c in enumerate(clients)]
+        tasks, all_open = run.launch(clients, give_up_at)
         with private.toxiproxy() as toxiproxy:
             # Cut once every stream is open (a busy machine may lag the ramp).
             with contextlib.suppress(TimeoutError):

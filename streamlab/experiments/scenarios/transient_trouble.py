@@ -123,24 +123,7 @@ async def owner_killed_storm(target: LabTarget, setup: Setup, timing: Timing) ->
         run = Storm(lab.ports.host, lab.ports.edge_port, body)
         clients = [Client() for _ in range(n)]
         give_up_at = RAMP_S + CUT_AFTER_RAMP_S + CUT_S + GIVE_UP_AFTER_S
-        created = asyncio.Event()
-        opened = 0
-
-        async def one(k: int, client: Client) -> None:
-            nonlocal opened
-            await asyncio.sleep(k * RAMP_S / n)
-            try:
-                await run.create(client)
-            except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
-                run.create_errors[f"{type(exc).__name__}: {exc}"[:80]] += 1
-                return
-            finally:
-                opened += 1
-                if opened == n:
-                    created.set()
-            await run.follow(client, give_up_at)
-
-        tasks = [asyncio.create_task(one(k, c)) for k, c in enumerate(clients)]
+        tasks, created = run.launch(clients, give_up_at)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(created.wait(), RAMP_S + 20)
         ids = [c.stream_id for c in clients if c.stream_id]
