@@ -69,9 +69,9 @@ class _StatsCollector(Collector):
         yield CounterMetricFamily("streamlab_engine_tokens_after_cancel",
                                   "Tokens made after the generation's cancel arrived",
                                   value=stats.tokens_after_cancel)
-        yield CounterMetricFamily("streamlab_engine_sessions_opened",
-                                  "Multiplexed Session calls opened (engine_wire = multiplexed)",
-                                  value=stats.sessions_opened)
+        yield GaugeMetricFamily("streamlab_engine_sessions",
+                                "Multiplexed Session calls open now (engine_wire = multiplexed)",
+                                value=stats.sessions_open)
         yield GaugeMetricFamily("streamlab_engine_running", "Generations holding a slot now",
                                 value=self._admission.running)
         yield GaugeMetricFamily("streamlab_engine_queued", "Generations waiting for a slot now",

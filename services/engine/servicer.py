@@ -281,11 +281,14 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.SessionEvent]:
         """The multiplexed wire (services/engine/session.py)."""
-        self._stats.sessions_opened += 1  # which wire a lab's gateways speak, seen from here
         session = EngineSession(self, self._stats, self._health)
-        async with aclosing(session.run(request_iterator)) as events:
-            async for event in events:
-                yield event
+        self._stats.sessions_open += 1  # which wire a lab's gateways speak, seen from here
+        try:
+            async with aclosing(session.run(request_iterator)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self._stats.sessions_open -= 1
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext

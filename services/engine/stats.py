@@ -57,9 +57,9 @@ class EngineStats:
         self.orphaned = 0
         self.reattached = 0
         self.orphan_expired = 0
-        # Multiplexed Session calls opened (services/engine/session.py): 0 while
-        # every gateway speaks the per-request wire.
-        self.sessions_opened = 0
+        # Multiplexed Session calls open now (services/engine/session.py): 0
+        # while every gateway speaks the per-request wire.
+        self.sessions_open = 0
 
     @staticmethod
     def now() -> float:

@@ -90,6 +90,9 @@ log = logging.getLogger("streamlab.gateway")
 
 # The line separator of every event this module sends.
 SEP = "\n"
+# How long a body cancelled for a disconnect may go on before it is cancelled
+# again (GuardedEventSourceResponse._run).
+RECANCEL_S = 0.5
 
 
 class LastChunk(bytes):
@@ -170,6 +173,7 @@ class GuardedEventSourceResponse(EventSourceResponse):
         super().__init__(*args, **kwargs)
         self._on_close = on_close
         self._on_disconnect = on_disconnect
+        self._unwinding = False
         timeout = self.send_timeout
         self._watchdog = SendWatchdog(timeout) if timeout is not None else None
 
@@ -201,6 +205,7 @@ class GuardedEventSourceResponse(EventSourceResponse):
                     "type": "http.response.body", "body": ensure_bytes(data, self.sep),
                     "more_body": True})
             except BaseException:
+                self._unwinding = True  # no second cancel into its cleanup
                 # As sse-starlette: the generator is parked at its yield; close it
                 # so its cleanup runs before the error escapes.
                 aclose = getattr(self.body_iterator, "aclose", None)
@@ -235,10 +240,14 @@ class GuardedEventSourceResponse(EventSourceResponse):
         ended: list[str] = []
         failed: list[BaseException] = []
 
+        # How many times we cancelled the body: taken back one by one below.
+        cancels = [0]
+
         def end(reason: str) -> None:
             if not ended:
                 ended.append(reason)
                 self.active = False
+                cancels[0] += 1
                 body.cancel()
 
         async def listen() -> None:
@@ -248,7 +257,19 @@ class GuardedEventSourceResponse(EventSourceResponse):
                 if message["type"] == "http.disconnect":
                     self._on_disconnect()
                     end("disconnect")
-                    return
+                    break
+            # A task's cancel is one-shot (sse-starlette's anyio scope cancelled
+            # at every await until it exited): a library under the body that
+            # swallows one (a store client mid-read) would leave the body
+            # streaming to nobody, its reader never released. Cancel again until
+            # it ends; uvicorn drops what it sends after a disconnect.
+            while not self._unwinding:
+                await asyncio.sleep(RECANCEL_S)
+                if not self._unwinding:
+                    log.warning("a body went on %.1f s after its client left: cancelling it again",
+                                RECANCEL_S)
+                    cancels[0] += 1
+                    body.cancel()
 
         def heartbeat_done(task: asyncio.Task[None]) -> None:
             if not task.cancelled() and (error := task.exception()) is not None:
@@ -266,7 +287,12 @@ class GuardedEventSourceResponse(EventSourceResponse):
             await self._stream_response(send)
         except asyncio.CancelledError:
             # Ours only if nobody else cancelled the task too.
-            if not ended or body.uncancel() > 0:
+            if not ended:
+                raise
+            left = 0
+            for _ in range(cancels[0]):
+                left = body.uncancel()
+            if left > 0:
                 raise
             if failed:
                 raise failed[0] from None
