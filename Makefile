@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
 	integration clean test-compose compose-config toxiproxy-regression lock check-lock \
-	scenario-plots test-wire-multiplexed
+	scenario-plots test-wire-multiplexed test-slow test-all
 
 # Everything: the lab tool, plots and the dev tools (what the tests need).
 install:
@@ -60,10 +60,18 @@ typecheck:
 
 # Lint, types, fresh generated code, then the whole suite (unit + the real topology,
 # which the tests start on free ports and stop themselves).
+# Tests marked `slow` (pyproject.toml) are left out: `make test-slow` runs them.
 test: install lint typecheck check-protos check-lock
-	@rc=0; $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(BIN)/pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): nothing was tested" >&2; rc=0; fi; \
 	exit $$rc
+
+test-slow: install
+	@rc=0; $(BIN)/pytest -m slow $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): nothing was tested" >&2; rc=0; fi; \
+	exit $$rc
+
+test-all: test test-slow
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -26,6 +26,7 @@ def test_bench_cancel_reports_every_abandoned_stream_cancelled(lab: LabTarget) -
     assert 0 <= figures["cancel_latency_p50_ms"] <= figures["cancel_latency_p99_ms"] < 2000
 
 
+@pytest.mark.slow  # 40 s on 2 cores: `make test-slow`
 def test_bench_cancel_with_streams_running_beside_it(lab: LabTarget) -> None:
     """The cancel figures with streams running beside them (1,000 in the full
     run): the bench raises the caps, keeps slow streams running through the same chain

@@ -17,7 +17,8 @@ import pytest
 from streamlab.lab.local import Lab
 from streamlab.lab.topology import REPO_ROOT
 
-pytestmark = pytest.mark.integration
+# Every cell of the bench at small N: minutes on 2 cores, so `make test-slow`.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SLOW, STORM, BACKGROUND = 40, 20, 20
 

@@ -121,6 +121,7 @@ async def test_a_server_that_buffers_for_a_stopped_reader_is_flagged_by_slow_rea
     assert good.figures["answer_bytes"] == bad.figures["answer_bytes"]
 
 
+@pytest.mark.slow  # 40 s on 2 cores: `make test-slow`
 async def test_an_answer_the_buffers_hold_whole_cannot_judge_a_slow_reader() -> None:
     with serve(MisbehavingServer("grow", max_tokens=2000)) as url:
         report = await check_url(target(url, metrics_url=metrics_of(url)), only=("slow-reader",))
