@@ -16,6 +16,7 @@ import pytest
 from streamlab.experiments.scenarios.edge_matrix import Matrix, ProxyRow, markdown, run_matrix
 from streamlab.experiments.scenarios.edge_probes import get_probe
 from streamlab.lab.proxies import ProxyNotInstalled, edge_proxy
+from tests.integration.test_proxies import USER_CONFIGS
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.anyio,
@@ -84,17 +85,8 @@ async def test_a_user_config_whose_idle_timeout_is_shorter_than_the_pause_is_nam
     pauses longer than that, silent, and reports the cut with the directive."""
     require_installed("haproxy")
     config = tmp_path / "mine.cfg"
-    config.write_text("""defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 1s
-frontend mine
-  bind "${STREAMLAB_LISTEN}"
-  default_backend app
-backend app
-  server app "${STREAMLAB_UPSTREAM}"
-""")
+    # test_proxies.py's own HAProxy config (its first line at line 1).
+    config.write_text(USER_CONFIGS["haproxy"].lstrip("\n"))
     matrix = await run_matrix(["haproxy"], [get_probe("idle-cut")], user_config=config,
                               say=lambda line: None)
     cell = matrix.rows[0].cells["idle-cut"]["yours"]
