@@ -80,6 +80,17 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+def attach_verdict(kept: EngineError | None, refusal: EngineError) -> EngineError:
+    """Of the engines' refusals of one Attach (asked of each in turn), the one
+    that decides: an engine that did not answer (503, 504) over one that said
+    404, since the one that did not answer may hold the generation (its hop
+    still coming back after a blip) and the caller may try again; a 404 is the
+    verdict only when every engine said it."""
+    if kept is None or refusal.status_code != 404:
+        return refusal
+    return kept
+
+
 def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
     """Keepalive pings find a black-holed hop (engine_keepalive_s +
     engine_keepalive_timeout_s) even mid-think-pause; the engine's server options
@@ -367,8 +378,8 @@ class EngineClient:
         """The multiplexed wire: start the call on each session in turn until one
         accepts it or refuses it with a status not in `retry_on` (a refusal
         before acceptance started nothing: trying the next engine is safe, as
-        the balancer skips an engine it cannot reach); the last answer is the
-        verdict, a 404 over a 503."""
+        the balancer skips an engine it cannot reach); `attach_verdict` picks
+        the answer that decides."""
         error: EngineError | None = None
         for session in sessions:
             try:
@@ -376,7 +387,7 @@ class EngineClient:
             except EngineError as exc:
                 if exc.status_code not in retry_on:
                     raise
-                error = exc if error is None or exc.status_code == 404 else error
+                error = attach_verdict(error, exc)
         assert error is not None
         raise error
 
@@ -406,9 +417,7 @@ class EngineClient:
             except EngineError as exc:
                 if exc.status_code not in (404, 503, 504):
                     raise
-                # An engine that did not answer may hold it: its error, not a
-                # 404, is the verdict then (the caller may try again).
-                error = exc if error is None or exc.status_code != 404 else error
+                error = attach_verdict(error, exc)
         assert error is not None
         raise error
 
