@@ -31,7 +31,7 @@ from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
-from streamlab.experiments.scenarios.resuming_readers import Reader, tally
+from streamlab.experiments.scenarios.resuming_readers import Reader, readers_done, tally
 from streamlab.experiments.timing import Timing
 from streamlab.lab.local import Lab
 from streamlab.lab.target import LabTarget
@@ -89,11 +89,7 @@ async def replica_loss(target: LabTarget, setup: Setup, timing: Timing) -> Figur
         say("replica-loss", f"SIGKILL {victim}, the owner of {len(victims)} of "
             f"{len(readers)} streams, {tokens_at_kill} tokens in")
         await asyncio.to_thread(lab.kill_service, victim)
-        try:
-            async with asyncio.timeout(TOKENS * GAP_MS / 1000 + 30):
-                await reading
-        except TimeoutError:
-            reading.cancel()
+        await readers_done(reading, TOKENS * GAP_MS / 1000 + 30)
         stats = await asyncio.to_thread(lab.engine_stats)
     reference = "".join(token_text(i) for i in range(TOKENS))
     figures = tally(victims, reference, TOKENS)

@@ -17,11 +17,13 @@ status but 200 ends it (204: the stream was already over). A read timeout
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamlab.experiments.report import JSON, Figures
 from streamlab_protocol.sse import Comment, SSEDecoder
@@ -58,6 +60,19 @@ class Dechunker:
                 self.finished = size == 0
                 self._left, self._skip = size, 2
         return b"".join(out)
+
+
+async def readers_done(reading: asyncio.Future[Any], timeout_s: float) -> None:
+    """Wait for every reader (their gather) for up to `timeout_s`; past it,
+    cancel them and wait until each has unwound, so that no reader still runs
+    (and moves its figures) while the scenario tallies them."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(reading)
+    except TimeoutError:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
 
 
 @dataclass

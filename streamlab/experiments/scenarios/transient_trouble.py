@@ -48,7 +48,7 @@ from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.reconnect_storm import Client, Storm
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
-from streamlab.experiments.scenarios.resuming_readers import Reader, tally
+from streamlab.experiments.scenarios.resuming_readers import Reader, readers_done, tally
 from streamlab.experiments.timing import Timing
 from streamlab.lab.local import Lab
 from streamlab.lab.target import LabTarget
@@ -250,11 +250,7 @@ async def transient_blip(target: LabTarget, setup: Setup, timing: Timing) -> Fig
             await asyncio.sleep(0.02)
         tokens_at_blip = min(len(r.tokens) for r in readers)
         await blip_both(lab)
-        try:
-            async with asyncio.timeout(BLIP_TOKENS * BLIP_GAP_MS / 1000 + 40):
-                await reading
-        except TimeoutError:
-            reading.cancel()
+        await readers_done(reading, BLIP_TOKENS * BLIP_GAP_MS / 1000 + 40)
         stats = await asyncio.to_thread(lab.engine_stats)
     reference = "".join(token_text(i) for i in range(BLIP_TOKENS))
     told_over = {i for i, r in zip(ids, readers, strict=True)
