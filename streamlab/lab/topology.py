@@ -17,6 +17,7 @@ for each of gateway_port, engine_port, upstream_port (the hops `upstream`,
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,35 @@ class Ports(BaseSettings):
 
     @classmethod
     def load(cls) -> Ports:
-        """Ports from lab.env, overridden by STREAMLAB_* environment variables."""
-        return cls()
+        """Ports from lab.env, overridden by STREAMLAB_* environment variables,
+        then every port moved by STREAMLAB_PORT_OFFSET (a second lab beside the
+        first, for a before/after run on one machine: lab.env)."""
+        ports = cls()
+        offset = port_offset(os.environ.get(PORT_OFFSET_VAR, ""))
+        if not offset:
+            return ports
+        moved = {name: value + offset for name, value in ports.model_dump().items()
+                 if name.endswith("_port")}
+        if max(moved.values()) + ports.replica_port_step * 9 > 65535:
+            raise ValueError(f"{PORT_OFFSET_VAR}={offset} moves a port past 65535")
+        return ports.model_copy(update=moved)
+
+
+PORT_OFFSET_VAR = "STREAMLAB_PORT_OFFSET"
+
+
+def port_offset(text: str) -> int:
+    """STREAMLAB_PORT_OFFSET's value: empty is 0; anything else a whole number."""
+    if not text.strip():
+        return 0
+    try:
+        offset = int(text)
+    except ValueError:
+        raise ValueError(f"{PORT_OFFSET_VAR} must be a whole number of ports, not {text!r}") \
+            from None
+    if offset < 0:
+        raise ValueError(f"{PORT_OFFSET_VAR} must not be negative, not {offset}")
+    return offset
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,25 @@ def test_nginx_balances_several_gateways_least_conn_and_one_as_before(ports: Por
     assert "least_conn" not in nginx.upstream_servers(ports, 2, "round_robin")
     assert "non_idempotent" in nginx.upstream_retry(2)
     assert "non_idempotent" not in nginx.upstream_retry(1)
+
+
+def test_a_port_offset_moves_every_listener_and_nothing_else(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMLAB_PORT_OFFSET", raising=False)
+    base = Ports.load()
+    monkeypatch.setenv("STREAMLAB_PORT_OFFSET", "1000")
+    moved = Ports.load()
+    for name, value in base.model_dump().items():
+        expected = value + 1000 if name.endswith("_port") else value
+        assert getattr(moved, name) == expected, name
+    # The replica rule still holds on top of it.
+    assert replica_port(moved, moved.gateway_port, 2) == base.gateway_port + 1000 + \
+        base.replica_port_step
+
+
+@pytest.mark.parametrize("text", ["ten", "-5", "1.5", "65000"])
+def test_a_port_offset_that_cannot_be_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv("STREAMLAB_PORT_OFFSET", text)
+    with pytest.raises(ValueError, match="STREAMLAB_PORT_OFFSET"):
+        Ports.load()
