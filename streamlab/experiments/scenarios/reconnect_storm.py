@@ -281,6 +281,7 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     complete = [c for c in clients if c.terminal == "done" and c.tokens == TOKENS
                 and sorted(c.seqs) == list(range(1, len(c.seqs) + 1))]
     duplicates = sum(len(c.seqs) - len(set(c.seqs)) for c in clients)
+    incomplete = Counter(why_incomplete(c) for c in clients if c not in complete)
     # Every connection attempt, for plot_timeline: the runner writes it as the
     # report's "timeline" artifact.
     timeline = Timeline("attempts", f"reconnect timeline ({mode}, {n} streams)", {
@@ -299,12 +300,27 @@ async def storm(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
         "next_token_s": round(max(next_token), 2) if next_token else None,
         "complete_exactly_once": len(complete), "duplicates": duplicates,
         "all_complete": len(complete) == n,
+        # What kept the others from whole: a table that says "no" says why.
+        "incomplete": ", ".join(f"{why} {count}" for why, count in incomplete.most_common()),
     }, (timeline,))
 
 
-SHOWN = ("streams", "cut_streams", "steady_per_s", "peak_per_s", "peak_ratio", "http_429",
-         "http_5xx", "refused", "recovered", "lost", "recovery_s", "complete_exactly_once",
-         "duplicates")
+def why_incomplete(client: Client) -> str:
+    """One word for a stream that did not end whole and exactly once."""
+    if not client.stream_id:
+        return "not created"
+    if client.terminal is None:
+        return "gave up (no end by the deadline)"
+    if client.terminal != "done":
+        return f"ended {client.terminal}"
+    if client.tokens != TOKENS:
+        return "done short"
+    return "out of order"
+
+
+SHOWN = ("streams", "created", "create_error", "cut_streams", "steady_per_s", "peak_per_s",
+         "peak_ratio", "http_429", "http_5xx", "refused", "recovered", "lost", "recovery_s",
+         "complete_exactly_once", "duplicates", "incomplete")
 
 RECONNECT_STORM = Scenario(
     name="reconnect-storm",
