@@ -214,6 +214,31 @@ def test_a_drained_owner_hands_its_stream_off_and_the_client_continues_elsewhere
             end.generations_started - stats.generations_started) == (1, 0)
 
 
+def test_an_owner_that_exits_without_a_drain_loses_no_more_than_a_crash_would(
+        redis_server: RedisServer, start_replicas: StartReplicas, http: httpx.Client) -> None:
+    """SIGTERM with the drain off (grace 0: the exit a second SIGTERM, or a
+    drain too short for a loaded loop, also comes to): the owner exits with
+    the stream still running here. It hands the stream off as a drain does
+    (released, its reader told `retry:`), so the client continues on b whole,
+    exactly once. It once cancelled every such stream (`gateway_shutdown`),
+    where a SIGKILL would have lost none: rolling-deploy lost streams so on a
+    loaded machine."""
+    replicas = start_replicas(redis_server.url, **REPLICA_ENV,
+                              STREAMLAB_GATEWAY_DRAIN_GRACE_S="0")
+    a, b = replicas.gateways["a"], replicas.gateways["b"]
+    stream_id = create(http, a)
+    stats = replicas.stats()
+    before = read(http, a, stream_id, stop_after=5)
+    os.kill(replicas.processes["a"].pid, signal.SIGTERM)
+    wait_until(lambda: not processes.alive(replicas.processes["a"]), timeout_s=15.0,
+               what="gateway a to exit")
+    after = read(http, b, stream_id, last_event_id=before.last.id)
+    assert exactly_once(before, after), (seqs(after.events), after.last)
+    end = replicas.stats()
+    assert (end.generations_reattached - stats.generations_reattached,
+            end.generations_started - stats.generations_started) == (1, 0)
+
+
 def test_delete_stops_a_generation_whose_owner_died_at_once_taken_over_or_not(
         redis_server: RedisServer, start_replicas: StartReplicas, http: httpx.Client) -> None:
     """A taken-over stream is b's to stop: DELETE sends the engine's explicit

@@ -189,6 +189,22 @@ class SharedStream(ResumableStream):
         self.mirror.release()
         self._step_aside("handed_off")
 
+    def hand_off_at_exit(self) -> None:
+        """This replica exits with the stream still running here (its drain
+        off, skipped by a second SIGTERM, or too short for a loaded loop to
+        hand everything off): release it as the drain does, so the replica
+        its client reconnects to takes it over, instead of cancelling it. An
+        exit must lose no more than a crash would (a SIGKILLed owner's streams
+        are taken over). The call is dropped with the process, never
+        cancelled: the engine keeps the detachable generation for its orphan
+        grace."""
+        if self.ended or self._handed_off or not self._store.settings.reattach:
+            return
+        self.mirror.release()
+        self._step_aside("handed_off")
+        if self._task is not None:
+            self._task.cancel()
+
     def _superseded(self, exc: EngineError) -> None:
         """Another replica took the stream over and attached to the generation
         while this one still read it (this one's alive key expired while it
@@ -773,7 +789,10 @@ class RedisStore(ResumeStore):
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        await self.memory.close()  # cancels what runs here; the mirrors write the ends
+        for stream in self.memory.registry.running():
+            if isinstance(stream, SharedStream):
+                stream.hand_off_at_exit()
+        await self.memory.close()  # cancels what is left; the mirrors write the ends
         await asyncio.gather(*(m.stop(self.settings.redis_timeout_s) for m in self._mirrors),
                              return_exceptions=True)
         await self.control.stop()

@@ -334,6 +334,10 @@ class StreamRegistry:
             return False
         return self._tombstones[stream_id] in (None, owner)
 
+    def running(self) -> list[ResumableStream]:
+        """The streams whose generation has not ended, oldest first."""
+        return [s for s in self._streams.values() if not s.ended]
+
     def ensure_capacity(self) -> None:
         """Make room for one more stream, or refuse before the engine is asked."""
         while len(self._streams) >= self.settings.resume_max_streams:
