@@ -12,6 +12,8 @@ from streamlab.experiments.scenarios.reconnect_storm import TOKENS, Client, why_
     (Client(), "not created"),
     (Client(stream_id="s"), "gave up (no end by the deadline)"),
     (Client(stream_id="s", terminal="cancelled"), "ended cancelled"),
+    (Client(stream_id="s", terminal="cancelled", terminal_data=b'{"reason":"owner_lost"}'),
+     "ended cancelled owner_lost"),
     (Client(stream_id="s", terminal="done", tokens=TOKENS - 1), "done short"),
     (Client(stream_id="s", terminal="done", tokens=TOKENS), "out of order"),
 ])
