@@ -150,7 +150,7 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
             yield ServerSentEvent(data=json.dumps(exc.body()))
     finally:
         metrics.streams_active.dec()
-        metrics.streams.labels(outcome).inc()
+        metrics.stream_outcomes[outcome].inc()
 
 
 async def until_disconnected(request: Request, work: Coroutine[Any, Any, T],
