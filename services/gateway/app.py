@@ -12,7 +12,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -95,12 +94,11 @@ def parse_chat(scope: Scope, body: bytes) -> ChatCompletionRequest | None:
         return None
     try:
         data = json.loads(body)  # as Starlette's Request.json() parses it
-    except ValueError:  # bad JSON, or bytes that are no Unicode text
-        return None
-    try:
         # The model FastAPI validates the route's body with, in the same mode.
         return ChatCompletionRequest.model_validate(data)
-    except ValidationError:
+    except Exception:
+        # Whatever it is (bad JSON, bytes that are no Unicode text, nesting past
+        # the recursion limit, a ValidationError), FastAPI names it.
         return None
 
 

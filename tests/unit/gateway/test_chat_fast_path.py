@@ -85,6 +85,9 @@ HANDED: dict[str, tuple[bytes, dict[str, str]]] = {
     "not JSON": (b'{"messages": [', JSON),
     "not UTF-8": (b'{"messages": "\xff"}', JSON),
     "a JSON list": (b"[1, 2]", JSON),
+    "nested past the recursion limit": (b"[" * 100_000, JSON),
+    "NaN temperature": (VALID[:-1] + b', "temperature": NaN}', JSON),
+    "huge number": (VALID[:-1] + b', "max_tokens": 1e400}', JSON),
     **{f"bad body: {name}": (raw, JSON) for name, (raw, _) in BAD_BODIES.items()},
 }
 
@@ -143,7 +146,7 @@ def test_parse_chat_takes_only_what_fastapi_would_parse_and_accept() -> None:
     assert parse_chat(scope(b" application/JSON ;charset=utf-8"), VALID) is not None
     for content_type in (None, b"text/plain", b"application/jsonx", b"application/json, a/b"):
         assert parse_chat(scope(content_type), VALID) is None, content_type
-    for body in (b"", b"{", b"[]", b'{"messages": []}', b"\xff"):
+    for body in (b"", b"{", b"[]", b'{"messages": []}', b"\xff", b"[" * 100_000):
         assert parse_chat(scope(b"application/json"), body) is None, body
     assert chat()  # the helper's body is one the fast path takes
     assert parse_chat(scope(b"application/json"),
