@@ -45,13 +45,14 @@ class StreamLimiter:
         self._per_client = per_client
         self._retry_after_s = retry_after_s
         self._open: Counter[str] = Counter()
+        self._open_total = 0  # sum(self._open.values()), kept: one client or thousands
 
     @property
     def open(self) -> int:
-        return sum(self._open.values())
+        return self._open_total
 
     def acquire(self, key: str) -> StreamSlot:
-        if self.open >= self._total:
+        if self._open_total >= self._total:
             raise TooManyStreams(f"gateway at capacity: {self._total} streams open",
                                  self._retry_after_s)
         if self._open[key] >= self._per_client:
@@ -59,10 +60,12 @@ class StreamLimiter:
                 f"too many streams for this client: {self._per_client} open",
                 self._retry_after_s)
         self._open[key] += 1
+        self._open_total += 1
         return StreamSlot(self, key)
 
     def _release(self, key: str) -> None:
         self._open[key] -= 1
+        self._open_total -= 1
         if self._open[key] <= 0:
             del self._open[key]
 

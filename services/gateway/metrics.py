@@ -203,8 +203,10 @@ class GatewayMetrics:
             "The client leaving to the engine call cancelled",
             "surface", CANCEL_BUCKETS, self.registry)
         self._surfaces: dict[str, SurfaceTimings] = {}
-        for outcome in STREAM_OUTCOMES:
-            self.streams.labels(outcome)
+        # Each outcome's child, looked up once: `labels()` builds a key and
+        # takes a lock on every call, and every stream ends in one of these.
+        self.stream_outcomes = {outcome: self.streams.labels(outcome)
+                                for outcome in STREAM_OUTCOMES}
         for code in ENGINE_ERROR_CODES:
             self.engine_errors.labels(code)
 

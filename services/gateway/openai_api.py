@@ -343,6 +343,7 @@ class ChunkWriter:
             "model": model,
         }
         self._first = True
+        self._prefix: str | None = None
         self._token_prefix: str | None = None
         self._include_usage = include_usage
         self._token_suffix = _TOKEN_SUFFIX_USAGE if include_usage else _TOKEN_SUFFIX
@@ -357,18 +358,28 @@ class ChunkWriter:
     def token_event(self, text: str) -> bytes:
         """One token's whole SSE event, byte for byte `data: {token(text)}\n\n`.
 
-        The relay's hot path (docs/benchmarks.md, "Relay overhead"): after the first
-        token the envelope never changes, so it is formatted once and only the
-        text is JSON-encoded per token, and the bytes skip sse-starlette's
+        The relay's hot path (docs/benchmarks.md, "Relay overhead"): the
+        envelope never changes, so it is formatted once and only the text is
+        JSON-encoded per token (the first token too: a short stream is mostly
+        its first token and its finish), and the bytes skip sse-starlette's
         per-event encoder.
         """
         if self._first:
-            return f"data: {self.token(text)}\n\n".encode()
+            self._first = False
+            return (f'data: {self._choices_prefix()}{{"index":0,"delta":{{"role":"assistant",'
+                    f'"content":{json.dumps(text, ensure_ascii=False)}'
+                    f'{self._token_suffix}').encode()
         if self._token_prefix is None:
-            head = json.dumps(self._head, separators=(",", ":"), ensure_ascii=False)
-            self._token_prefix = f'data: {head[:-1]},"choices":[{{"index":0,"delta":{{"content":'
+            self._token_prefix = f'data: {self._choices_prefix()}{{"index":0,"delta":{{"content":'
         return (self._token_prefix + json.dumps(text, ensure_ascii=False)
                 + self._token_suffix).encode()
+
+    def _choices_prefix(self) -> str:
+        """The chunk's JSON up to its choices: `{"id":...,"model":...,"choices":[`."""
+        if self._prefix is None:
+            head = json.dumps(self._head, separators=(",", ":"), ensure_ascii=False)
+            self._prefix = f'{head[:-1]},"choices":['
+        return self._prefix
 
     def tool_call(self, piece: pb.ToolCallDelta) -> str:
         """One tool-call delta as OpenAI streams it: a call's first carries its
@@ -386,8 +397,11 @@ class ChunkWriter:
         return self._dump([{"index": 0, "delta": delta, "finish_reason": None}])
 
     def finish(self, finish: pb.Finish) -> str:
+        """`_dump` of the finish's one choice, formatted as the tokens are."""
         reason = FINISH_REASONS.get(finish.reason, "stop")
-        return self._dump([{"index": 0, "delta": {}, "finish_reason": reason}])
+        usage = ',"usage":null' if self._include_usage else ""
+        return (f'{self._choices_prefix()}{{"index":0,"delta":{{}},'
+                f'"finish_reason":"{reason}"}}]{usage}}}')
 
     def usage(self, finish: pb.Finish) -> str:
         return self._dump([], usage=usage_dict(finish.usage))

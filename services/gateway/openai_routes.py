@@ -37,7 +37,7 @@ from services.gateway.openai_api import (
     completion,
 )
 from services.gateway.sse_response import event_stream, last_events
-from services.gateway.state import GatewayDep
+from services.gateway.state import GatewayDep, GatewayState
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # ASCII: it becomes gRPC metadata
@@ -59,9 +59,21 @@ def request_id_for(request: Request, body: ChatCompletionRequest) -> str:
     return uuid.uuid4().hex
 
 
-@router.post("/v1/chat/completions")
+CHAT_PATH = "/v1/chat/completions"
+
+
+@router.post(CHAT_PATH)
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            gateway: GatewayDep) -> Response:
+    # The FastAPI route: what the app's fast path (services/gateway/app.py,
+    # ChatFastPath) hands back (a body it cannot take as it is), and the
+    # route's place in the API's description and its 405 for other methods.
+    return await chat_response(body, request, gateway)
+
+
+async def chat_response(body: ChatCompletionRequest, request: Request,
+                        gateway: GatewayState) -> Response:
+    """The answer to a valid chat request, or a GatewayError before the first byte."""
     settings = gateway.settings
     lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request),
                           surface="sse" if body.stream else "json")
@@ -138,7 +150,7 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
             yield ServerSentEvent(data=json.dumps(exc.body()))
     finally:
         metrics.streams_active.dec()
-        metrics.streams.labels(outcome).inc()
+        metrics.stream_outcomes[outcome].inc()
 
 
 async def until_disconnected(request: Request, work: Coroutine[Any, Any, T],

@@ -156,7 +156,7 @@ async def _live(events: AsyncIterator[EngineEvent], writer: ResponseWriter,
             yield _sse(event)
     finally:
         metrics.streams_active.dec()
-        metrics.streams.labels(outcome).inc()
+        metrics.stream_outcomes[outcome].inc()
 
 
 async def _create_background(body: CreateResponseRequest, request: Request,

@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from services.gateway.openai_api import ChatCompletionRequest, ChunkWriter
+from services.gateway.openai_api import FINISH_REASONS, ChatCompletionRequest, ChunkWriter
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 
@@ -63,3 +63,21 @@ def test_token_event_is_byte_for_byte_the_formatted_chunk() -> None:
     slow._head = fast._head  # same `created` second
     for text in [*WORDS, 'quo"te ', "back\\slash", "new\nline", "tab\t", "\u2028", "\U0001f600"]:
         assert fast.token_event(text) == f"data: {slow.token(text)}\n\n".encode()
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("first", ["first", 'quo"te\n\u00e9', ""])
+def test_the_first_token_and_the_finish_are_byte_for_byte_the_dict_built_chunks(
+        include_usage: bool, first: str) -> None:
+    """A two-token stream's first token and finish are pre-formatted too (its
+    set-up cost): they must never drift from the dict-built JSON, with
+    `stream_options.include_usage` (`"usage":null` on each) or without."""
+    fast = ChunkWriter("r-\u00e9", "m\u00e9", include_usage)
+    slow = ChunkWriter("r-\u00e9", "m\u00e9", include_usage)
+    slow._head = fast._head  # same `created` second
+    assert fast.token_event(first) == f"data: {slow.token(first)}\n\n".encode()
+    assert fast.token_event("b") == f"data: {slow.token('b')}\n\n".encode()
+    for reason, name in [*FINISH_REASONS.items(), (pb.FINISH_REASON_UNSPECIFIED, "stop")]:
+        finish = pb.Finish(reason=reason)
+        assert fast.finish(finish) == slow._dump(
+            [{"index": 0, "delta": {}, "finish_reason": name}])
