@@ -172,6 +172,9 @@ class GuardedEventSourceResponse(EventSourceResponse):
     def __init__(self, on_close: Callable[[], None], on_disconnect: Callable[[], None],
                  *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # asyncio's lock makes its waiters' deque only when contended; anyio's
+        # holds one (~0.7 KiB) for every open stream (docs/cost.md).
+        self._send_lock = asyncio.Lock()  # type: ignore[assignment]
         self._on_close = on_close
         self._on_disconnect = on_disconnect
         self._unwinding = False
