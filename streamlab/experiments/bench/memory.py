@@ -176,10 +176,13 @@ def traced_top(before: tracemalloc.Snapshot, during: tracemalloc.Snapshot, held:
 
 
 async def _hold(port: int, gateway: psutil.Process, streams: int, ramp_s: float,
-                on_held: Callable[[], None]) -> tuple[LoadResult, int, int, int]:
+                fds_before: int, on_held: Callable[[int], None]
+                ) -> tuple[LoadResult, int, int, int]:
     """Open the slow streams; sample the gateway's RSS and sockets until they end:
     the load, the peak RSS and sockets, and the median RSS while all are held.
-    `on_held` runs once, when every stream has had time to open and start."""
+    `on_held(n)` runs once, when the gateway holds every stream (its sockets
+    above `fds_before`; n of them) or, on a machine too slow for that, when the
+    first could end: n is what it held then."""
     body = chat_body("memory", max_tokens=TOKENS, prefill_ms=0, token_gap_ms=GAP_MS,
                      answer_tokens=TOKENS, heartbeat_s=HEARTBEAT_S)
     load = asyncio.ensure_future(run_load(
@@ -192,16 +195,19 @@ async def _hold(port: int, gateway: psutil.Process, streams: int, ramp_s: float,
     held_until = start + (TOKENS - 2) * GAP_MS / 1000
     held: list[int] = []
     fired = False
+    fds = 0
     while not load.done():
         with contextlib.suppress(psutil.Error):
             rss = gateway.memory_info().rss
+            fds = gateway.num_fds()
             rss_peak = max(rss_peak, rss)
-            fds_peak = max(fds_peak, gateway.num_fds())
+            fds_peak = max(fds_peak, fds)
             if held_at <= time.monotonic() < held_until:
                 held.append(rss)
-        if not fired and time.monotonic() >= held_at:
+        now = time.monotonic()
+        if not fired and now >= held_at and (fds - fds_before >= streams or now >= held_until):
             fired = True
-            on_held()
+            on_held(max(0, fds - fds_before))
         await asyncio.sleep(0.1)
     return load.result(), rss_peak, fds_peak, int(statistics.median(held)) if held else 0
 
@@ -214,6 +220,7 @@ def run_wire(wire: str, engine_port: int, streams: int, ramp_s: float, workdir: 
     if trace:
         env["STREAMLAB_MEMORY_TRACE"] = str(snapshots)
     taken: list[tracemalloc.Snapshot] = []
+    held_at_snapshot = [0]
 
     def snapshot(popen: subprocess.Popen[bytes]) -> None:
         path = Path(f"{snapshots}.{len(taken)}")
@@ -234,12 +241,22 @@ def run_wire(wire: str, engine_port: int, streams: int, ramp_s: float, workdir: 
         if trace:
             snapshot(popen)
         rss_before, fds_before = gateway.memory_info().rss, gateway.num_fds()
+
+        def on_held(count: int) -> None:
+            if trace:
+                # Blocks the load generator's loop while the gateway writes its
+                # snapshot: the streams wait, none ends (a trace run's RSS is
+                # not the figure anyway).
+                held_at_snapshot[0] = count
+                snapshot(popen)
+
         load, rss_peak, fds_peak, rss_held = asyncio.run(_hold(
-            port, gateway, streams, ramp_s,
-            on_held=(lambda: snapshot(popen)) if trace else (lambda: None)))
+            port, gateway, streams, ramp_s, fds_before, on_held))
     run = WireRun(wire, streams, load, rss_before, rss_peak, fds_before, fds_peak, rss_held)
     if trace and len(taken) == 2:
-        run.top, run.traced_kib_per_stream = traced_top(taken[0], taken[1], run.held)
+        # Over the streams held when the snapshot was taken, not at the peak.
+        run.top, run.traced_kib_per_stream = traced_top(taken[0], taken[1],
+                                                        held_at_snapshot[0])
     return run
 
 
