@@ -49,13 +49,15 @@ class Beat:
                  on_error: Callable[[BaseException], None]) -> None:
         self._wheel = wheel
         self.interval = interval
-        self._ping = ping
-        self._on_error = on_error
+        # Both dropped on cancel: the heap keeps a cancelled beat until its turn
+        # (up to an interval), and these hold the response and all it holds.
+        self._ping: Callable[[], Coroutine[Any, Any, None]] | None = ping
+        self._on_error: Callable[[BaseException], None] | None = on_error
         self._sending: asyncio.Task[None] | None = None
         self.live = True
 
     def fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._sending is not None:
+        if self._sending is not None or self._ping is None:
             return  # the last ping is still waiting on the reader: not a second
         task = loop.create_task(self._ping())
         task.add_done_callback(self._sent)
@@ -63,13 +65,15 @@ class Beat:
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending = None
-        if not task.cancelled() and (error := task.exception()) is not None and self.live:
-            self._on_error(error)
+        on_error = self._on_error
+        if not task.cancelled() and (error := task.exception()) is not None and on_error:
+            on_error(error)
 
     def cancel(self) -> None:
         """No more pings; one being sent is cancelled (as the ping task was)."""
         if self.live:
             self.live = False
+            self._ping = self._on_error = None
             self._wheel.cancelled()
         if self._sending is not None:
             self._sending.remove_done_callback(self._sent)

@@ -6,6 +6,8 @@ cancelled beat sends nothing more. Each test names the broken shape it catches."
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -125,3 +127,23 @@ async def test_beats_of_ended_streams_do_not_pile_up() -> None:
         wheel.add(3600, counting(pings, 0), no_error).cancel()
     assert len(wheel) == 0
     assert len(wheel._heap) < 1024
+
+
+async def test_a_cancelled_beat_lets_go_of_its_stream_at_once() -> None:
+    """Broken: a cancelled beat, left in the heap until its turn, holding its
+    ping and so the response and everything it holds (the body, the lease) for
+    up to an interval after the stream ended: at hundreds of short streams a
+    second, thousands of dead streams kept."""
+    wheel = Heartbeats(asyncio.get_running_loop())
+
+    class Stream:
+        async def ping(self) -> None:
+            pass
+
+    stream = Stream()
+    gone = weakref.ref(stream)
+    beat = wheel.add(3600, stream.ping, no_error)
+    beat.cancel()
+    del stream
+    gc.collect()
+    assert gone() is None
