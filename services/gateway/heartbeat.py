@@ -67,6 +67,9 @@ class Beat:
         self._sending = None
         on_error = self._on_error
         if not task.cancelled() and (error := task.exception()) is not None and on_error:
+            # Its pings end with the first that failed, as sse-starlette's loop
+            # did: reported once, none after.
+            self.cancel()
             on_error(error)
 
     def cancel(self) -> None:
