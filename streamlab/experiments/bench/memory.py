@@ -291,7 +291,8 @@ def memory_report(runs: list[WireRun]) -> Report:
         w = run.wire
         figures.update({
             f"{w}_streams": run.streams, f"{w}_completed": run.load.completed,
-            f"{w}_failed": run.load.failed, f"{w}_held": run.held,
+            f"{w}_failed": run.load.failed, f"{w}_errors": run.load.figures()["errors"],
+            f"{w}_held": run.held,
             f"{w}_rss_before_mib": round(run.rss_before / 2**20, 1),
             f"{w}_rss_peak_mib": round(run.rss_peak / 2**20, 1),
             f"{w}_rss_held_mib": round(run.rss_held / 2**20, 1),
