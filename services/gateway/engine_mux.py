@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -61,12 +60,22 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 
 class MuxCall:
+    """Held by every open stream on this wire, so kept small (docs/cost.md,
+    memory per stream): slots, no dict; the events waiting in a list read from
+    `_head` (an empty deque is a 64-slot block); no asyncio.Event (an object
+    and a deque of waiters each) but a future made only while its one reader
+    waits (EngineStream reads a call from one task)."""
+
+    __slots__ = ("_accepted", "_cancelled", "_error", "_events", "_finished", "_head", "_link",
+                 "_read_tokens", "_waiter", "number", "request_id")
+
     def __init__(self, link: _Link, number: int, request_id: str) -> None:
         self._link = link
         self.number = number
         self.request_id = request_id
-        self._events: deque[pb.GenerateResponse] = deque()
-        self._changed = asyncio.Event()
+        self._events: list[pb.GenerateResponse] = []
+        self._head = 0  # the next event to read; the list is cleared once all are read
+        self._waiter: asyncio.Future[None] | None = None
         self._accepted = False
         self._error: grpc.aio.AioRpcError | None = None  # its end without a finish
         self._finished = False  # a finish or error event arrived: the engine is done
@@ -86,13 +95,13 @@ class MuxCall:
         elif kind == "ended":
             code = _STATUS.get(item.ended.code, grpc.StatusCode.UNKNOWN)
             self._error = rpc_error(code, item.ended.details)
-        self._changed.set()
+        self._wake()
 
     def fail(self, error: grpc.aio.AioRpcError) -> None:
         """The session broke under this call."""
         if not self._finished and self._error is None:
             self._error = error
-            self._changed.set()
+            self._wake()
 
     @property
     def over(self) -> bool:
@@ -113,8 +122,12 @@ class MuxCall:
         while True:
             if self._cancelled:
                 raise asyncio.CancelledError  # as grpc.aio's read of a cancelled call
-            if self._events:
-                event = self._events.popleft()
+            if self._head < len(self._events):
+                event = self._events[self._head]
+                self._head += 1
+                if self._head == len(self._events):
+                    self._events.clear()
+                    self._head = 0
                 kind = event.WhichOneof("event")
                 if kind in ("token", "tokens", "tool_call"):
                     self._read_tokens += len(event.tokens.chunks) if kind == "tokens" else 1
@@ -133,11 +146,11 @@ class MuxCall:
             return False
         self._cancelled = True
         self._link.abort(self)
-        self._changed.set()
+        self._wake()
         return True
 
     def done(self) -> bool:
-        return self.over and not self._events
+        return self.over and self._head == len(self._events)
 
     async def code(self) -> grpc.StatusCode:
         if self._error is not None:
@@ -147,9 +160,19 @@ class MuxCall:
     async def details(self) -> str:
         return self._error.details() or "" if self._error is not None else ""
 
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _wait(self) -> None:
-        await self._changed.wait()
-        self._changed.clear()
+        # Only ever awaited after the state it waits on was read: a wake with
+        # no waiter has nothing to tell (one thread, no await in between).
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 class _Link:

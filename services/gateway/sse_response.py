@@ -31,6 +31,7 @@ from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import AppStatus, SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
+from services.gateway.heartbeat import heartbeats, ping_sender
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import GatewaySettings
 
@@ -171,6 +172,9 @@ class GuardedEventSourceResponse(EventSourceResponse):
     def __init__(self, on_close: Callable[[], None], on_disconnect: Callable[[], None],
                  *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # asyncio's lock makes its waiters' deque only when contended; anyio's
+        # holds one (~0.7 KiB) for every open stream (docs/cost.md).
+        self._send_lock = asyncio.Lock()  # type: ignore[assignment]
         self._on_close = on_close
         self._on_disconnect = on_disconnect
         self._unwinding = False
@@ -271,16 +275,16 @@ class GuardedEventSourceResponse(EventSourceResponse):
                     cancels[0] += 1
                     body.cancel()
 
-        def heartbeat_done(task: asyncio.Task[None]) -> None:
-            if not task.cancelled() and (error := task.exception()) is not None:
-                failed.append(error)
-                end("heartbeat")
+        def heartbeat_failed(error: BaseException) -> None:
+            failed.append(error)
+            end("heartbeat")
 
         listener = loop.create_task(listen())
-        pinger = None
+        # One timer for every stream's heartbeat, not a task each (heartbeat.py).
+        beat = None
         if self.ping_interval > 0:
-            pinger = loop.create_task(self._ping(send))
-            pinger.add_done_callback(heartbeat_done)
+            beat = heartbeats(loop).add(self.ping_interval, ping_sender(self, send),
+                                        heartbeat_failed)
         watch = _shutdown_watch(loop)
         watch.add(body, lambda: end("shutdown"))
         try:
@@ -300,9 +304,8 @@ class GuardedEventSourceResponse(EventSourceResponse):
             self.active = False
             watch.discard(body)
             listener.cancel()
-            if pinger is not None:
-                pinger.remove_done_callback(heartbeat_done)
-                pinger.cancel()
+            if beat is not None:
+                beat.cancel()
 
 
 def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,

@@ -406,3 +406,30 @@ def setup(
                      on_step=lambda step: progress.update(task, description=step))
     # The targets are figures to read (a missed one is the finding): exit 0 on them.
     _render(report, as_json=as_json, verdict=False)
+
+
+@app.command(epilog=EXIT_CODES_TARGETS,
+             short_help="Gateway memory per open slow stream, on each engine wire.")
+def memory(
+    streams: Annotated[int, typer.Option(min=10, help="Slow streams held at once.")] = 1000,
+    wire: Annotated[str, typer.Option(help="Engine wires: per_request, multiplexed, or "
+                                           "both, comma-separated.")
+                    ] = "per_request,multiplexed",
+    trace: Annotated[bool, typer.Option(help="Also run under tracemalloc: what each "
+                                             "stream holds, by where it was made.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """The gateway's RSS per open stream (no lab needed: it starts a gateway and an
+    engine on free ports): N slow streams (15 tokens 1 s apart) held at once, per
+    engine wire, against the 40 KiB target; `--trace` adds the top allocations."""
+    from streamlab.experiments.bench.memory import WIRES, bench_memory
+
+    wires = tuple(w.strip() for w in wire.split(",") if w.strip())
+    if not wires or any(w not in WIRES for w in wires):
+        raise typer.BadParameter(f"--wire {wire!r}: {' or '.join(WIRES)}, comma-separated")
+    with experiment_exits(), _progress() as progress:
+        task = progress.add_task("starting", total=None)
+        report = bench_memory(streams, wires, trace=trace,
+                              on_step=lambda step: progress.update(task, description=step))
+    # The target is a figure to read (a miss is the finding): exit 0 on it.
+    _render(report, as_json=as_json, verdict=False)
