@@ -67,10 +67,6 @@ log = logging.getLogger("streamlab.engine.session")
 # Items the outbox holds before the generations wait for the writer: the
 # session's window (a gateway that stops reading stalls them all here).
 OUTBOX_LIMIT = 4096
-# Passes of the event loop an outbox of accepts alone waits for a first token
-# (the writer's, below): a generation with no prefill makes its first token
-# two passes after its accept (the decode clock's step, then its consumer).
-ACCEPT_HOLD_PASSES = 2
 
 
 class Refused(EngineException):
@@ -161,7 +157,6 @@ class EngineSession:
         self._reading = True
         self._told_serving: bool | None = None
         self._loop: asyncio.AbstractEventLoop  # the Session call's, set by `run`
-        self._accepts_only = False  # the outbox holds accepts and nothing else
 
     def health_changed(self) -> None:
         self._ready.set()
@@ -177,18 +172,7 @@ class EngineSession:
                 # One pass of the loop: the other generations woken by the same
                 # decode step put their tokens in before this event leaves.
                 await asyncio.sleep(0)
-                # A lone accept waits a pass or two more for its generation's
-                # first event: one with no prefill and no queue has its token
-                # ready by then, and both leave in one message (a write, and a
-                # wake-up of the hop and the gateway, fewer per stream). A
-                # generation that waits longer (a prefill, a queue) still has
-                # its accept sent within those passes, long before its token.
-                for _ in range(ACCEPT_HOLD_PASSES):
-                    if not self._accepts_only:
-                        break
-                    await asyncio.sleep(0)
                 self._ready.clear()
-                self._accepts_only = False
                 event, self._outbox = self._outbox, pb.SessionEvent()
                 self._room.set()
                 if self._told_serving is not self._health.serving:
@@ -275,8 +259,7 @@ class EngineSession:
 
     def _accept(self, call: int) -> Accept:
         async def accept(request_id: str) -> None:
-            self._put(accept=True).add(call=call,
-                                       accepted=pb.SessionAccepted(request_id=request_id))
+            self._put().add(call=call, accepted=pb.SessionAccepted(request_id=request_id))
         return accept
 
     def _started(self, call: int) -> Callable[[GenerationRecord], None]:
@@ -289,11 +272,10 @@ class EngineSession:
                     lambda done: self._stats.mark_cancel(record) if done.cancelled() else None)
         return started
 
-    def _put(self, accept: bool = False) -> RepeatedCompositeFieldContainer[pb.SessionItem]:
+    def _put(self) -> RepeatedCompositeFieldContainer[pb.SessionItem]:
         """Where the next item goes (the outbox's items): the writer is woken,
         and the generations wait for it once the outbox is full."""
         items = self._outbox.items
-        self._accepts_only = accept and (self._accepts_only or not items)
         if len(items) + 1 >= OUTBOX_LIMIT:
             self._room.clear()
         self._ready.set()
