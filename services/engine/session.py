@@ -56,6 +56,7 @@ from contextlib import aclosing
 from typing import Protocol
 
 import grpc
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from services.engine.errors import EngineException
 from services.engine.stats import EngineStats, GenerationRecord
@@ -145,20 +146,25 @@ class EngineSession:
         self._health = health
         self._tasks: dict[int, asyncio.Task[None]] = {}  # by call number
         self._windows: dict[int, Window] = {}
-        self._outbox: list[pb.SessionItem] = []
+        # The next SessionEvent, its items added in place as they come: an item
+        # built apart and then added would be copied into it (protobuf copies a
+        # message it is given), once more per item.
+        self._outbox = pb.SessionEvent()
         self._ready = asyncio.Event()  # the outbox has items, or the reader ended
         self._ready.set()  # the first event tells the engine's health
         self._room = asyncio.Event()  # the outbox is under its limit
         self._room.set()
         self._reading = True
         self._told_serving: bool | None = None
+        self._loop: asyncio.AbstractEventLoop  # the Session call's, set by `run`
 
     def health_changed(self) -> None:
         self._ready.set()
 
     async def run(self, requests: AsyncIterator[pb.SessionRequest]
                   ) -> AsyncGenerator[pb.SessionEvent, None]:
-        reader = asyncio.get_running_loop().create_task(self._read(requests))
+        self._loop = loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(requests))
         self._health.sessions.add(self)
         try:
             while True:
@@ -167,13 +173,10 @@ class EngineSession:
                 # decode step put their tokens in before this event leaves.
                 await asyncio.sleep(0)
                 self._ready.clear()
-                event = pb.SessionEvent()
+                event, self._outbox = self._outbox, pb.SessionEvent()
+                self._room.set()
                 if self._told_serving is not self._health.serving:
                     self._told_serving = event.serving = self._health.serving
-                if self._outbox:
-                    items, self._outbox = self._outbox, []
-                    self._room.set()
-                    event.items.extend(items)
                 if event.items or event.HasField("serving"):
                     yield event
                 elif not self._reading and not self._tasks:
@@ -220,7 +223,7 @@ class EngineSession:
                events: AsyncGenerator[pb.GenerateResponse, None]) -> None:
         """Run `events` (not started yet: dropping it unstarted runs nothing)."""
         self._windows[call] = Window(window)
-        self._tasks[call] = asyncio.get_running_loop().create_task(self._generate(call, events))
+        self._tasks[call] = self._loop.create_task(self._generate(call, events))
 
     async def _generate(self, call: int,
                         events: AsyncGenerator[pb.GenerateResponse, None]) -> None:
@@ -231,7 +234,7 @@ class EngineSession:
                     # Parked here, the generation pauses at its `yield`, as a
                     # Generate handler does when its call's window is full.
                     await window.spend(event)
-                    self._put(pb.SessionItem(call=call, event=event))
+                    self._put().add(call=call, event=event)
                     if not self._room.is_set():
                         await self._room.wait()  # the gateway stopped reading the session
         except Refused as exc:
@@ -251,13 +254,12 @@ class EngineSession:
             task.cancel()
 
     def _end(self, call: int, status: grpc.StatusCode, details: str) -> None:
-        self._put(pb.SessionItem(call=call, ended=pb.SessionStatus(
-            code=status.value[0], details=details)))
+        self._put().add(call=call, ended=pb.SessionStatus(code=status.value[0],
+                                                          details=details))
 
     def _accept(self, call: int) -> Accept:
         async def accept(request_id: str) -> None:
-            self._put(pb.SessionItem(call=call,
-                                     accepted=pb.SessionAccepted(request_id=request_id)))
+            self._put().add(call=call, accepted=pb.SessionAccepted(request_id=request_id))
         return accept
 
     def _started(self, call: int) -> Callable[[GenerationRecord], None]:
@@ -270,8 +272,11 @@ class EngineSession:
                     lambda done: self._stats.mark_cancel(record) if done.cancelled() else None)
         return started
 
-    def _put(self, item: pb.SessionItem) -> None:
-        self._outbox.append(item)
-        if len(self._outbox) >= OUTBOX_LIMIT:
+    def _put(self) -> RepeatedCompositeFieldContainer[pb.SessionItem]:
+        """Where the next item goes (the outbox's items): the writer is woken,
+        and the generations wait for it once the outbox is full."""
+        items = self._outbox.items
+        if len(items) + 1 >= OUTBOX_LIMIT:
             self._room.clear()
         self._ready.set()
+        return items

@@ -69,6 +69,9 @@ class SetupRun:
     # (streams, tokens, step_ms) and its cell; None: not run.
     paced_shape: tuple[int, int, int] | None = None
     paced: CellCost | None = None
+    # How the gateways reach the engines ("per_request" or "multiplexed"): the
+    # engine's set-up differs by wire, so a figure names the one it was read on.
+    engine_wire: str = ""
 
     def setup_ms(self) -> dict[str, float | None]:
         """CPU per stream set-up, ms, per process (and the client)."""
@@ -111,6 +114,7 @@ def setup_report(run: SetupRun) -> Report:
         "ttft_ms_p50": run.setup.load.ttft_ms.get("p50"),
         "ttft_ms_p99": run.setup.load.ttft_ms.get("p99"),
         "loadavg_1m": round(run.setup.loadavg[0], 2),
+        "engine_wire": run.engine_wire or None,
         **{f"setup_ms_{name}": _round(ms, 3) for name, ms in setup.items()},
         **{f"idle_ms_per_s_{name}": _round(ms, 2) for name, ms in run.idle_ms_per_s.items()},
     }
@@ -140,6 +144,8 @@ def setup_report(run: SetupRun) -> Report:
                      _round(run.idle_ms_per_s.get(name), 2)))
     caption = (f"{run.setup.load.completed}/{run.streams} two-token streams at "
                f"{run.rate:g}/s, load {run.setup.loadavg[0]:.2f}")
+    if run.engine_wire:
+        caption += f", engine wire {run.engine_wire}"
     if run.paced_shape is not None:
         streams, tokens, step_ms = run.paced_shape
         caption += f" · paced: {streams} streams x {tokens} tokens at {step_ms} ms"
@@ -274,7 +280,8 @@ def run_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = D
                          answer_tokens=tokens, heartbeat_s=0)
         paced_cell = _cell(meters, idle, host, port, body, count, 0.5,
                            timeout_s=30 + tokens * step_ms / 1000 * 4)
-    return SetupRun(streams, rate, setup, idle, paced, paced_cell)
+    return SetupRun(streams, rate, setup, idle, paced, paced_cell,
+                    lab.options.gateway_settings().engine_wire)
 
 
 def bench_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = DEFAULT_RATE,

@@ -96,3 +96,12 @@ def test_the_set_up_waves_merge_into_one_result() -> None:
     assert merged.ttft_ms == {"p50": 6.0, "p99": 30.0}
     waves[1].client_cpu_ms = None  # one wave's CPU unread: the sum would be a guess
     assert merge(waves).client_cpu_ms is None
+
+
+def test_the_engine_wire_measured_on_is_named() -> None:
+    # The engine's set-up differs by wire: a reader must know which one it was.
+    measured = run(gateway_ms=800.0, engine_ms=250.0)
+    report = setup_report(SetupRun(**{**measured.__dict__, "engine_wire": "multiplexed"}))
+    assert report.figures["engine_wire"] == "multiplexed"
+    assert "engine wire multiplexed" in (report.tables[0].caption or "")
+    assert setup_report(measured).figures["engine_wire"] is None  # not known: not made up
