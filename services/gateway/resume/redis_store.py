@@ -46,12 +46,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import EngineError
 from services.gateway.resume.memory import MemoryStore, expired, find_local, follow_local, unknown
 from services.gateway.resume.record import RecordWriter, read_record
+from services.gateway.resume.redis_client import CancelSafeRedis
 from services.gateway.resume.redis_control import POLL_S as CONTROL_POLL_S
 from services.gateway.resume.redis_control import ControlChannel
 from services.gateway.resume.redis_keys import (
@@ -307,9 +307,13 @@ class RedisStore(ResumeStore):
         self.block_s = min(timeout, settings.redis_follower_ttl_s) / 3
         common: dict[str, Any] = {"socket_connect_timeout": timeout, "decode_responses": True,
                                   "retry_on_timeout": False, "health_check_interval": 5}
-        self.redis = Redis.from_url(settings.redis_url, socket_timeout=timeout, **common)
-        self.tail_redis = Redis.from_url(settings.redis_url,
-                                         socket_timeout=timeout + self.block_s, **common)
+        # Cancel-safe: redis-py's sends lose a cancel on Python 3.11, and a
+        # reader's body would stream on after its client left (redis_client.py).
+        self.redis = CancelSafeRedis.from_url(settings.redis_url, socket_timeout=timeout,
+                                              **common)
+        self.tail_redis = CancelSafeRedis.from_url(settings.redis_url,
+                                                   socket_timeout=timeout + self.block_s,
+                                                   **common)
         self.store_metrics = StoreMetrics(metrics)
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics

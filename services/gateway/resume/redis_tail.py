@@ -100,9 +100,11 @@ class Presence:
         self._refreshed = now
 
     async def leave(self, timeout_s: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose a
+        # cancel (services/gateway/resume/redis_client.py).
         with contextlib.suppress(*STORE_ERRORS):
-            await asyncio.wait_for(self._redis.zrem(self._keys.followers, self.member),
-                                   timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._redis.zrem(self._keys.followers, self.member)
 
 
 async def fresh_followers(redis: Redis, keys: StreamKeys) -> int:
