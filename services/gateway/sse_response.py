@@ -178,10 +178,12 @@ class GuardedEventSourceResponse(EventSourceResponse):
         self._on_close = on_close
         self._on_disconnect = on_disconnect
         self._unwinding = False
+        self._sends = 0
         timeout = self.send_timeout
         self._watchdog = SendWatchdog(timeout) if timeout is not None else None
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        self._sends += 1  # the re-cancel's evidence that the body still streams
         if self._watchdog is None:
             await send(message)
         else:
@@ -264,16 +266,20 @@ class GuardedEventSourceResponse(EventSourceResponse):
                     break
             # A task's cancel is one-shot (sse-starlette's anyio scope cancelled
             # at every await until it exited): a library under the body that
-            # swallows one (a store client mid-read) would leave the body
-            # streaming to nobody, its reader never released. Cancel again until
-            # it ends; uvicorn drops what it sends after a disconnect.
+            # swallows one (redis-py on Python 3.11: docs/resume.md) would leave
+            # the body streaming to nobody, its reader never released. Cancel
+            # again while it still sends (uvicorn drops what it sends after a
+            # disconnect); a body that sends nothing is unwinding, and its
+            # cleanup (a reader's removal from the store) must not be cut.
+            seen = self._sends
             while not self._unwinding:
                 await asyncio.sleep(RECANCEL_S)
-                if not self._unwinding:
+                if not self._unwinding and self._sends > seen:
                     log.warning("a body went on %.1f s after its client left: cancelling it again",
                                 RECANCEL_S)
                     cancels[0] += 1
                     body.cancel()
+                seen = self._sends
 
         def heartbeat_failed(error: BaseException) -> None:
             failed.append(error)

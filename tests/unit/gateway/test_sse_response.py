@@ -152,3 +152,68 @@ async def test_a_heartbeat_that_cannot_be_sent_ends_the_response_with_its_error(
             SCOPE, client.receive, client.send), 5)
     assert body.ended == "cancelled"
     assert hooks == ["close"]
+
+
+class Stubborn:
+    """A body under a library that swallows the first cancel (redis-py on
+    Python 3.11) and streams on; or one whose cleanup outlasts RECANCEL_S."""
+
+    def __init__(self, swallow: bool, cleanup_s: float = 0.0) -> None:
+        self.swallow, self.cleanup_s = swallow, cleanup_s
+        self.started = asyncio.Event()
+        self.cleaned_up = False
+        self.sent_after_leave = 0
+
+    async def run(self) -> AsyncIterator[bytes]:
+        swallowed = False
+        try:
+            while True:
+                self.started.set()
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    if not self.swallow or swallowed:
+                        raise
+                    swallowed = True
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                if swallowed:
+                    self.sent_after_leave += 1
+                yield b"data: t\n\n"
+        finally:
+            await asyncio.sleep(self.cleanup_s)  # the reader's removal from the store
+            self.cleaned_up = True
+
+
+async def test_a_body_that_swallowed_the_cancel_and_streams_on_is_cancelled_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken: a one-shot cancel: the body streams to nobody for as long as
+    its generation runs."""
+    monkeypatch.setattr(sse_response, "RECANCEL_S", 0.1)
+    client, hooks = Client(), list[str]()
+    body = Stubborn(swallow=True)
+    running = asyncio.create_task(GuardedEventSourceResponse(
+        lambda: hooks.append("close"), lambda: hooks.append("disconnect"), body.run(),
+        sep="\n")(SCOPE, client.receive, client.send))
+    await body.started.wait()
+    client.leave()
+    await asyncio.wait_for(running, 5)
+    assert body.cleaned_up
+    assert 0 < body.sent_after_leave < 20  # about RECANCEL_S of tokens, not forever
+    assert hooks == ["disconnect", "close"]
+
+
+async def test_a_body_whose_cleanup_is_slow_is_not_cancelled_into_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken: the re-cancel fires at a body that is unwinding (it sends
+    nothing) and cuts its cleanup short: its reader stays in the record."""
+    monkeypatch.setattr(sse_response, "RECANCEL_S", 0.05)
+    client, hooks = Client(), list[str]()
+    body = Stubborn(swallow=False, cleanup_s=0.3)
+    running = asyncio.create_task(GuardedEventSourceResponse(
+        lambda: hooks.append("close"), lambda: hooks.append("disconnect"), body.run(),
+        sep="\n")(SCOPE, client.receive, client.send))
+    await body.started.wait()
+    client.leave()
+    await asyncio.wait_for(running, 5)
+    assert body.cleaned_up
+    assert hooks == ["disconnect", "close"]
