@@ -168,7 +168,13 @@ class Storm:
         while client.terminal is None and self.now() < give_up_at:
             await self._connect_once(client)
             if client.terminal is None:
-                client.cut = client.cut or client.first_get_at is not None
+                # Cut by the storm: a connection that ended without the end
+                # once the cut had come. One that failed before it (a connect
+                # timing out in a loaded ramp) is no cut: its stream may end
+                # before the cut, with no reconnect after the restore, and it
+                # was counted lost.
+                client.cut = client.cut or (client.first_get_at is not None
+                                            and self.cut_at is not None)
                 await asyncio.sleep(client.retry_ms / 1000)
 
     async def _connect_once(self, client: Client) -> None:
