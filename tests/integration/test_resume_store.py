@@ -440,3 +440,31 @@ def test_a_store_outage_longer_than_the_alive_key_does_not_hand_a_live_stream_ov
                  if line.startswith(reattached) and float(line.split()[-1]) > 0]
     assert not takeovers, f"b took over a stream whose owner was alive: {takeovers}"
 
+
+
+def test_a_store_that_does_not_answer_the_first_reader_check_cancels_nothing(
+        redis_server: RedisServer, store_hop: StoreHop, start_replicas: StartReplicas,
+        http: httpx.Client) -> None:
+    """The owner's "did anyone attach?" check (the attach timeout, 1.5 s here)
+    meets a black-holed store: a store that does not answer is no proof that
+    nobody reads on another replica, so the owner decides after a grace, not
+    now; the reader that comes to b once the store is back reads the whole
+    answer. Broken (as it was): the stream ended `cancelled never_attached`
+    at the check, as in rolling-deploy at load 6, where the store's answers
+    were late."""
+    replicas = start_replicas(store_hop.url, **REPLICA_ENV,
+                              STREAMLAB_GATEWAY_RESUME_ATTACH_TIMEOUT_S="1.5")
+    tokens = 60  # 6 s: running through the outage and after it
+    stream_id = create(http, replicas.gateways["a"], tokens=tokens, gap_ms=100)
+    store_hop.toxiproxy.add_toxic("store", Toxic("timeout", {"timeout": 0}, "upstream"))
+    try:
+        # The outage covers the check (1.5 s after the create) and its 1 s
+        # store timeout: the fault's own length, not a wait for anything.
+        time.sleep(3.0)
+    finally:
+        store_hop.toxiproxy.reset()
+    response, events = read_events(http, replicas.gateways["b"], stream_id)
+    assert response.status_code == 200
+    assert events, "b read nothing"
+    assert events[-1].event == "done", events[-2:]
+    assert text_of(events) == "".join(token_text(i) for i in range(tokens))

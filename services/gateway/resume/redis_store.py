@@ -152,6 +152,7 @@ class SharedStream(ResumableStream):
         self._check_task: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
         self.created_unix = time.time()
         self._handed_off = False
+        self._store_doubted = False  # a grace was given for a store that failed
         self.keys = stream_keys(KEY_PREFIX, stream_id)
         self.mirror = LogMirror(
             store.redis, self.keys, self.meta,
@@ -284,18 +285,36 @@ class SharedStream(ResumableStream):
                     return
         except STORE_ERRORS:
             remote = 0  # no store: nobody elsewhere can be reading it
+            self._store.store_metrics.store_failed()
         if epoch != self._epoch or self.ended or self.followers > 0:
             return  # a local reader came back meanwhile, or it ended
         loop = asyncio.get_running_loop()
         if remote:  # someone elsewhere reads: look again soon
+            self._store_doubted = False
             poll_s = self._store.settings.redis_follower_ttl_s / 3
             self._timer = loop.call_later(poll_s, self._expire, "resume_grace_expired",
                                           epoch, True)
         elif remote_seen:  # the last remote reader just left: its grace starts now
             self._timer = loop.call_later(self.policy.grace_s, self._expire,
                                           "resume_grace_expired", epoch, False)
+        elif self._store_in_doubt():
+            # "Nobody reads elsewhere" read from a store that failed since the
+            # stream began (a timeout on a loaded machine, a blip) is no proof:
+            # a reader on another replica could not register while it failed.
+            # Decide after one more grace. It cancelled streams `never_attached`
+            # whose reader came to another replica during a store outage.
+            self._store_doubted = True
+            self._timer = loop.call_later(self.policy.grace_s, self._expire, reason, epoch,
+                                          False)
         else:
             self.cancel(reason)
+
+    def _store_in_doubt(self) -> bool:
+        """The store failed since this stream began, and no grace was given for
+        it yet (once: a store that stays down must not keep a generation
+        running for nobody)."""
+        since = max(time.time() - self.created_unix, 0.0)
+        return not self._store_doubted and self._store.store_metrics.store_failed_within(since)
 
 
 class RedisStore(ResumeStore):
