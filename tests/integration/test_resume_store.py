@@ -468,3 +468,21 @@ def test_a_store_that_does_not_answer_the_first_reader_check_cancels_nothing(
     assert events, "b read nothing"
     assert events[-1].event == "done", events[-2:]
     assert text_of(events) == "".join(token_text(i) for i in range(tokens))
+
+
+def test_a_grace_of_zero_holds_for_a_reader_on_another_replica(
+        redis_server: RedisServer, start_replicas: StartReplicas, http: httpx.Client) -> None:
+    """Grace 0 (cancel when the client leaves), the client reading on b: b
+    tells a that its reader left, and a cancels at once. Broken (as it was):
+    a learnt it at its next look at the store, a third of the follower TTL
+    (6 s here: 2 s) later, and the engine generated on for nobody."""
+    replicas = start_replicas(redis_server.url, STREAMLAB_GATEWAY_REDIS_TIMEOUT_S="1",
+                              STREAMLAB_GATEWAY_REDIS_FOLLOWER_TTL_S="6")
+    stream_id = create(http, replicas.gateways["a"], tokens=5000, gap_ms=10, grace_s=0)
+    read_events(http, replicas.gateways["b"], stream_id, stop_after=5)
+    left_at = time.monotonic()
+    record = wait_for_end(replicas.stats, stream_id, timeout_s=8.0)
+    took = time.monotonic() - left_at
+    assert record is not None
+    assert record.state == pb.GENERATION_STATE_CANCELLED
+    assert took < 1.0, f"cancelled {took:.2f} s after the reader elsewhere left"

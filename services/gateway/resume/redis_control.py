@@ -38,8 +38,9 @@ class ControlChannel:
     def __init__(self, redis: Redis, prefix: str, replica: str,
                  on_command: Callable[[str, str, str], None],
                  on_store_failure: Callable[[], None] = lambda: None) -> None:
-        """`on_command(op, stream id, reason)`: "cancel" (stop it now) or
-        "attached" (a reader on another replica: count it for the grace).
+        """`on_command(op, stream id, reason)`: "cancel" (stop it now),
+        "attached" (a reader on another replica: count it for the grace) or
+        "left" (that reader is gone: look again now, not at the next poll).
         `on_store_failure()`: the subscription or the alive key failed; it
         runs every POLL_S, so it notices a store outage even when idle."""
         self._redis = redis
@@ -74,7 +75,7 @@ class ControlChannel:
     def _handle(self, data: str) -> None:
         try:
             command = json.loads(data)
-            if command.get("op") in ("cancel", "attached"):
+            if command.get("op") in ("cancel", "attached", "left"):
                 self._on_command(str(command["op"]), str(command["id"]),
                                  str(command.get("reason") or "cancelled"))
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -265,6 +265,16 @@ class SharedStream(ResumableStream):
             self._store.settings.redis_follower_ttl_s / 3, self._expire,
             "resume_grace_expired", self._epoch, True)
 
+    def remote_left(self) -> None:
+        """A reader on another replica left: count the readers now rather than
+        at the next poll (a third of the follower TTL later), so a short grace
+        (0: cancel when the client leaves) holds for a reader elsewhere too."""
+        if self.ended or self.followers > 0 or self._timer is None:
+            return  # ended, read here, or no watch running (a check is under way)
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(
+            0, self._expire, "resume_grace_expired", self._epoch, True)
+
     def _expire(self, reason: str, epoch: int, remote_seen: bool) -> None:
         self._timer = None
         self._check_task = asyncio.get_running_loop().create_task(
@@ -407,6 +417,8 @@ class RedisStore(ResumeStore):
             stream.cancel(reason)
         elif op == "attached":
             stream.remote_attached()
+        elif op == "left":
+            stream.remote_left()
 
     # ---- reading -----------------------------------------------------------------------
     def _bounded(self) -> asyncio.Timeout:
@@ -560,9 +572,17 @@ class RedisStore(ResumeStore):
         replica is not cancelled as never attached."""
         with contextlib.suppress(*STORE_ERRORS):
             await self.control.send(owner, "attached", stream_id)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield event
+        try:
+            async with contextlib.aclosing(events):  # its presence is gone after this
+                async for event in events:
+                    yield event
+        finally:
+            # And that it left (best effort, bounded): the owner's grace starts
+            # now, not at its next look at the store (a grace of 0 read here
+            # used to run on for up to a third of the follower TTL).
+            with contextlib.suppress(*STORE_ERRORS):
+                async with asyncio.timeout(self.settings.redis_timeout_s):
+                    await self.control.send(owner, "left", stream_id)
 
     # ---- control -----------------------------------------------------------------------
     async def cancel(self, found: FoundStream, reason: str) -> dict[str, Any]:
