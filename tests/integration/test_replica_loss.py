@@ -310,6 +310,9 @@ def test_an_owner_restarted_under_the_same_name_does_not_hold_on_to_its_lost_str
     assert exactly_once(before, after), (seqs(after.events), after.last)
 
 
+# A bench (figures over 4 runs, ~25 s): `make test-slow` runs it; the SIGKILL's
+# correctness is the first test of this module, in CI.
+@pytest.mark.slow
 def test_bench_stall_across_a_sigkill(
         redis_server: RedisServer, start_replicas: StartReplicas, http: httpx.Client,
         tmp_path: Path) -> None:
