@@ -13,12 +13,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.auth import BearerAuth
 from services.gateway.engine_client import Engine, EngineClient
 from services.gateway.errors import GatewayError, error_body, error_json, validation_problem
-from services.gateway.limits import BodySizeLimit
+from services.gateway.limits import BodySizeLimit, replayed_receive
 from services.gateway.model_routes import router as model_router
 from services.gateway.openai_api import ChatCompletionRequest
 from services.gateway.openai_routes import CHAT_PATH, chat_response
@@ -132,7 +132,7 @@ class ChatFastPath:
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         parsed = parse_chat(scope, body)
         if parsed is None:
-            await self._app.fastapi(scope, _replay(body, receive), send)
+            await self._app.fastapi(scope, replayed_receive(body, receive), send)
             return
         request = Request(scope, receive)
         try:
@@ -147,19 +147,6 @@ class ChatFastPath:
                                 status_code=500)(scope, receive, send)
             raise
         await response(scope, receive, send)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastAPI:

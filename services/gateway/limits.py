@@ -103,6 +103,21 @@ class ConnectRate:
         self._tokens -= 1
 
 
+def replayed_receive(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app a body already read, whole, then the
+    connection's own messages (a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodySizeLimit:
     """Refuses request bodies over `max_bytes` with 413, whether they announce a
     Content-Length or arrive chunked, before the app parses anything."""
@@ -131,16 +146,7 @@ class BodySizeLimit:
             if len(body) > self.max_bytes:
                 await self._refuse(send)
                 return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replayed_receive(body, receive), send)
 
     async def _refuse(self, send: Send) -> None:
         error = GatewayError(413, "body_too_large",
