@@ -184,19 +184,24 @@ class Stubborn:
             self.cleaned_up = True
 
 
-async def test_a_body_that_swallowed_the_cancel_and_streams_on_is_cancelled_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Broken: a one-shot cancel: the body streams to nobody for as long as
-    its generation runs."""
-    monkeypatch.setattr(sse_response, "RECANCEL_S", 0.1)
+async def leave_while_streaming(body: Stubborn) -> list[str]:
+    """Run the response on `body`, leave once it streams, wait for the
+    response to return (5 s at most); the hooks it called."""
     client, hooks = Client(), list[str]()
-    body = Stubborn(swallow=True)
     running = asyncio.create_task(GuardedEventSourceResponse(
         lambda: hooks.append("close"), lambda: hooks.append("disconnect"), body.run(),
         sep="\n")(SCOPE, client.receive, client.send))
     await body.started.wait()
     client.leave()
     await asyncio.wait_for(running, 5)
+    return hooks
+async def test_a_body_that_swallowed_the_cancel_and_streams_on_is_cancelled_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken: a one-shot cancel: the body streams to nobody for as long as
+    its generation runs."""
+    monkeypatch.setattr(sse_response, "RECANCEL_S", 0.1)
+    body = Stubborn(swallow=True)
+    hooks = await leave_while_streaming(body)
     assert body.cleaned_up
     assert 0 < body.sent_after_leave < 20  # about RECANCEL_S of tokens, not forever
     assert hooks == ["disconnect", "close"]
@@ -207,13 +212,7 @@ async def test_a_body_whose_cleanup_is_slow_is_not_cancelled_into_it(
     """Broken: the re-cancel fires at a body that is unwinding (it sends
     nothing) and cuts its cleanup short: its reader stays in the record."""
     monkeypatch.setattr(sse_response, "RECANCEL_S", 0.05)
-    client, hooks = Client(), list[str]()
     body = Stubborn(swallow=False, cleanup_s=0.3)
-    running = asyncio.create_task(GuardedEventSourceResponse(
-        lambda: hooks.append("close"), lambda: hooks.append("disconnect"), body.run(),
-        sep="\n")(SCOPE, client.receive, client.send))
-    await body.started.wait()
-    client.leave()
-    await asyncio.wait_for(running, 5)
+    hooks = await leave_while_streaming(body)
     assert body.cleaned_up
     assert hooks == ["disconnect", "close"]
