@@ -16,6 +16,9 @@ import pytest
 from streamlab.lab.local import Lab
 from streamlab.lab.topology import REPO_ROOT
 
+# Per paced token nginx spends a few µs, within the idle baseline's noise.
+QUIET_FIGURES = {"paced_us_nginx"}
+
 pytestmark = pytest.mark.integration
 
 PROCESSES = ("toxiproxy", "nginx", "gateway", "engine", "client")
@@ -45,7 +48,11 @@ def test_bench_setup_reports_cpu_per_stream_and_per_token_for_every_process(
         for figure in (f"setup_ms_{name}", f"paced_us_{name}"):
             value = figures[figure]
             assert isinstance(value, int | float), (figure, value)
-            assert value > 0, (figure, value)
+            # Idle is taken off: nginx's few µs per paced token can come out
+            # below the idle spell's noise (CI once read -8.7 µs); the rest are
+            # far above it (the client is this process: no idle to take off).
+            if figure not in QUIET_FIGURES:
+                assert value > 0, (figure, value)
     checks = {c["figure"]: c for c in report["checks"]}
     assert {"completed", "setup_ms_gateway", "setup_ms_engine", "paced_completed"} <= set(checks)
     assert checks["setup_ms_gateway"]["measured"] == figures["setup_ms_gateway"]
