@@ -24,7 +24,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.event import ensure_bytes
@@ -146,17 +146,25 @@ class Heartbeats:
         self._arm()
 
 
+T = TypeVar("T")
+
 # Keyed by loop: tests run apps on several loops in one process.
 _wheels: dict[asyncio.AbstractEventLoop, Heartbeats] = {}
 
 
+def per_loop(table: dict[asyncio.AbstractEventLoop, T], loop: asyncio.AbstractEventLoop,
+                make: Callable[[], T]) -> T:
+    """`loop`'s entry of `table`, made on first use; closed loops' entries go."""
+    entry = table.get(loop)
+    if entry is None:
+        for old in [other for other in table if other.is_closed()]:
+            del table[old]
+        entry = table[loop] = make()
+    return entry
+
+
 def heartbeats(loop: asyncio.AbstractEventLoop) -> Heartbeats:
-    wheel = _wheels.get(loop)
-    if wheel is None:
-        for old in [other for other in _wheels if other.is_closed()]:
-            del _wheels[old]
-        wheel = _wheels[loop] = Heartbeats(loop)
-    return wheel
+    return per_loop(_wheels, loop, lambda: Heartbeats(loop))
 
 
 def ping_sender(response: EventSourceResponse, send: Send

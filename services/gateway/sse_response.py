@@ -31,7 +31,7 @@ from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import AppStatus, SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
-from services.gateway.heartbeat import heartbeats, ping_sender
+from services.gateway.heartbeat import heartbeats, per_loop, ping_sender
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.settings import GatewaySettings
 
@@ -150,12 +150,7 @@ _shutdown_watches: dict[asyncio.AbstractEventLoop, _ShutdownWatch] = {}
 
 
 def _shutdown_watch(loop: asyncio.AbstractEventLoop) -> _ShutdownWatch:
-    watch = _shutdown_watches.get(loop)
-    if watch is None:
-        for old in [other for other in _shutdown_watches if other.is_closed()]:
-            del _shutdown_watches[old]
-        watch = _shutdown_watches[loop] = _ShutdownWatch()
-    return watch
+    return per_loop(_shutdown_watches, loop, _ShutdownWatch)
 
 
 class GuardedEventSourceResponse(EventSourceResponse):

@@ -201,8 +201,7 @@ class SharedStream(ResumableStream):
         grace."""
         if self.ended or self._handed_off or not self._store.settings.reattach:
             return
-        self.mirror.release()
-        self._step_aside("handed_off")
+        self._drained()  # released, as the drain's deadline does it
         if self._task is not None:
             self._task.cancel()
 
