@@ -80,12 +80,18 @@ class SharedCaps:
     def __init__(self, redis_url: str, per_client: int, lease_s: float, timeout_s: float,
                  retry_after_s: int, replica: str, registry: CollectorRegistry) -> None:
         # Imported here: a gateway without the shared store never loads redis-py.
-        from redis.asyncio import Redis
         from redis.exceptions import RedisError
 
+        from services.gateway.resume.redis_client import CancelSafeRedis
+
         self._errors = (RedisError, OSError, TimeoutError)
-        self._redis: Redis = Redis.from_url(redis_url, socket_timeout=timeout_s,
-                                     socket_connect_timeout=timeout_s, decode_responses=True)
+        # The resume store's client: a request cancelled mid-acquire (its client
+        # left) must not have the cancel swallowed by redis-py's wait_for
+        # (resume/redis_client.py says where), or it would go on to start a
+        # stream for nobody.
+        self._redis: Redis = CancelSafeRedis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            decode_responses=True)
         self._per_client = per_client
         self._lease_s = lease_s
         self._timeout_s = timeout_s
