@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
 	integration clean test-compose compose-config toxiproxy-regression lock check-lock \
-	scenario-plots test-wire-multiplexed test-slow test-all
+	scenario-plots test-wire-per-request test-slow test-all
 
 # Everything: the lab tool, plots and the dev tools (what the tests need).
 install:
@@ -80,12 +80,13 @@ integration: install
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 # The cancellation, resume, re-attach, replica and drain tests on the
-# multiplexed engine wire (docs/cancellation-and-backpressure.md); any other test file runs on
-# it the same way, with STREAMLAB_GATEWAY_ENGINE_WIRE=multiplexed set.
+# per_request engine wire, the one that is not the default
+# (docs/cancellation-and-backpressure.md); any other test file runs on it the
+# same way, with STREAMLAB_GATEWAY_ENGINE_WIRE=per_request set.
 WIRE_TESTS := test_engine_wire test_cancellation test_resume test_reattach test_replicas \
 	test_replica_loss test_drain
-test-wire-multiplexed: install
-	STREAMLAB_GATEWAY_ENGINE_WIRE=multiplexed $(BIN)/pytest -p no:cacheprovider \
+test-wire-per-request: install
+	STREAMLAB_GATEWAY_ENGINE_WIRE=per_request $(BIN)/pytest -p no:cacheprovider \
 		$(foreach t,$(WIRE_TESTS),tests/integration/$(t).py) $(PYTEST_ARGS)
 
 # The integration suite against compose.yaml's containers (builds the images,

@@ -34,11 +34,13 @@ class GatewaySettings(BaseSettings):
     # no new call to one that reports NOT_SERVING (draining). Off only to show
     # what it prevents (tests/integration/test_replicas.py).
     engine_health_checks: bool = True
-    # How streams travel to the engine: a gRPC call each (per_request, the
-    # default: a cancel is the call's RST_STREAM), or all on one long-lived
-    # Session per engine, an abort a message (multiplexed, vLLM's shape;
-    # services/gateway/engine_mux.py, docs/cancellation-and-backpressure.md).
-    engine_wire: Literal["per_request", "multiplexed"] = "per_request"
+    # How streams travel to the engine: all on one long-lived Session per
+    # engine, an abort a message (multiplexed, vLLM's shape, the default: it
+    # measured cheaper in set-up, per token, memory and cancel tail;
+    # services/gateway/engine_mux.py), or a gRPC call each (per_request: a
+    # cancel is the call's RST_STREAM, the lesson's shape); both are tested
+    # end to end (docs/cancellation-and-backpressure.md says why this default).
+    engine_wire: Literal["per_request", "multiplexed"] = "multiplexed"
     # Seconds between `: ping` comments on an SSE stream (0 disables them).
     heartbeat_s: float = Field(15.0, ge=0)
     # Seconds to wait for the engine to accept a call (its response headers)

@@ -92,8 +92,8 @@ def up(
         help="Your own config for --proxy, with the lab's addresses as placeholders "
              "(docs/proxies.md: ${STREAMLAB_UPSTREAM} and the like).")] = None,
     engine_wire: Annotated[str | None, typer.Option(
-        help="Gateway to engine: per_request (a gRPC call a stream) or multiplexed "
-             "(one Session per engine; docs/cancellation-and-backpressure.md).")] = None,
+        help="Gateway to engine: multiplexed (one Session per engine, the default) or "
+             "per_request (a gRPC call a stream; docs/cancellation-and-backpressure.md).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Start the lab (detached) and print its services and URLs.

@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from services.gateway.settings import GatewaySettings
 from streamlab.lab import processes
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.local import Lab, LabOptions
@@ -65,10 +66,12 @@ TEST_GATEWAY_ENV: dict[str, str] = {
     "STREAMLAB_GATEWAY_MAX_STREAMS": str(TEST_GATEWAY_STREAMS),
     "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": str(TEST_PER_CLIENT_STREAMS),
 }
-# The engine wire the whole suite runs on (`make test-wire-multiplexed`): the
-# lab's gateways get it here; every other gateway and EngineClient the tests
-# start reads the same variable from the environment they inherit.
-ENGINE_WIRE = os.environ.get("STREAMLAB_GATEWAY_ENGINE_WIRE", "per_request")
+# The engine wire the whole suite runs on (the gateway's default, or the other
+# one with `make test-wire-per-request`): the lab's gateways get it here; every
+# other gateway and EngineClient the tests start reads the same variable from
+# the environment they inherit.
+ENGINE_WIRE = os.environ.get("STREAMLAB_GATEWAY_ENGINE_WIRE",
+                             GatewaySettings.model_fields["engine_wire"].default)
 TEST_GATEWAY_ENV["STREAMLAB_GATEWAY_ENGINE_WIRE"] = ENGINE_WIRE
 
 

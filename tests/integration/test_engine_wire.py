@@ -3,8 +3,9 @@
 Real parts: an engine serving gRPC on a free TCP port in this process, reached
 through real channels (the raw Session stub, and the gateway's own
 EngineClient on either wire). What the rest of the suite checks through the
-gateway (cancellation, resume, re-attach, replicas, drain) runs on this wire
-with `make test-wire-multiplexed`; this file checks what only this wire has:
+gateway (cancellation, resume, re-attach, replicas, drain) runs on this wire,
+the default (and on per_request with `make test-wire-per-request`); this file
+checks what only this wire has:
 one event per decode step for every generation, an abort that stops one
 generation and no other, a session whose break drops every call it carried,
 and a gateway that fails a broken session's streams as it fails broken calls,

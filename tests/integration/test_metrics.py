@@ -6,7 +6,6 @@ Figures are deltas between two scrapes: the lab is shared by the session."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.client.openai_stream import chat_body, stream_chat
 from streamlab.lab.target import LabTarget
+from tests.integration.conftest import ENGINE_WIRE
 from tests.integration.engine_probe import ended
 from tests.wait import wait_until_async
 
@@ -116,9 +116,9 @@ async def test_streams_through_the_edge_fill_both_metrics_endpoints(
 async def test_the_gateways_reach_the_engines_on_the_wire_the_run_asked_for(
         lab: LabTarget, http: httpx.AsyncClient) -> None:
     """The suite runs on either engine wire (STREAMLAB_GATEWAY_ENGINE_WIRE; CI's
-    compose run on the multiplexed one): a run that meant one wire and tested the
+    compose run on the per_request one): a run that meant one wire and tested the
     other would prove nothing about it. The engines count Session calls open."""
-    wire = os.environ.get("STREAMLAB_GATEWAY_ENGINE_WIRE", "per_request")
+    wire = ENGINE_WIRE
     _, engine_urls = urls(lab)
     # One stream per engine at least, so every gateway-engine pair is used
     # (with replicas a stream may land on any).
