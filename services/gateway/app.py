@@ -102,6 +102,21 @@ def parse_chat(scope: Scope, body: bytes) -> ChatCompletionRequest | None:
         return None
 
 
+def gateway_error_response(exc: GatewayError) -> JSONResponse:
+    """How every route answers a GatewayError (the app's handler and the
+    chat fast path alike)."""
+    return ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def unexpected_error_response(request: Request) -> JSONResponse:
+    """A bug, never a client's fault: logged (the traceback follows when the
+    caller re-raises, as Starlette does after the app's handler), and the
+    client still gets JSON."""
+    log.error("unhandled error on %s %s", request.method, request.url.path)
+    return ErrorResponse(error_body(500, "internal_error", "internal error in the gateway"),
+                         status_code=500)
+
+
 class ChatFastPath:
     """`POST /v1/chat/completions` without FastAPI's per-request machinery.
 
@@ -138,13 +153,11 @@ class ChatFastPath:
         try:
             response: Response = await chat_response(parsed, request, self._app.state.gateway)
         except GatewayError as exc:
-            response = ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+            response = gateway_error_response(exc)
         except Exception:
-            # As the app's catch-all handler, and Starlette after it: logged, a
-            # JSON 500, then raised for the server to log its traceback.
-            log.error("unhandled error on %s %s", request.method, request.url.path)
-            await ErrorResponse(error_body(500, "internal_error", "internal error in the gateway"),
-                                status_code=500)(scope, receive, send)
+            # As the app's catch-all handler, and Starlette after it: a JSON
+            # 500, then raised for the server to log its traceback.
+            await unexpected_error_response(request)(scope, receive, send)
             raise
         await response(scope, receive, send)
 
@@ -201,7 +214,7 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        return gateway_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -216,11 +229,7 @@ def create_app(settings: GatewaySettings, engine: Engine | None = None) -> FastA
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A bug, never a client's fault: logged with its traceback (Starlette
-        # re-raises it after this answer), and the client still gets JSON.
-        log.error("unhandled error on %s %s", request.method, request.url.path)
-        return ErrorResponse(error_body(500, "internal_error", "internal error in the gateway"),
-                             status_code=500)
+        return unexpected_error_response(request)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
