@@ -118,7 +118,6 @@ async def test_the_gateways_reach_the_engines_on_the_wire_the_run_asked_for(
     """The suite runs on either engine wire (STREAMLAB_GATEWAY_ENGINE_WIRE; CI's
     compose run on the per_request one): a run that meant one wire and tested the
     other would prove nothing about it. The engines count Session calls open."""
-    wire = ENGINE_WIRE
     _, engine_urls = urls(lab)
     # One stream per engine at least, so every gateway-engine pair is used
     # (with replicas a stream may land on any).
@@ -131,7 +130,7 @@ async def test_the_gateways_reach_the_engines_on_the_wire_the_run_asked_for(
         return (await scrape(http, engine_urls)).get(("streamlab_engine_sessions",
                                                       frozenset()), 0.0)
 
-    if wire == "multiplexed":
+    if ENGINE_WIRE == "multiplexed":
         # A gateway's Session stays open while it runs.
         assert await sessions() >= 1, "no Session open: the gateways speak per_request"
     else:
