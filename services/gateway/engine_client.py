@@ -158,8 +158,10 @@ class EngineStream:
     failure, a deadline. Consumers handle tokens, the finish and EngineError;
     nothing else can arrive. A message that carries several chunks (a
     `tokens` batch: they were ready together) is yielded chunk by chunk;
-    `pending` says how many of it are still to come, so a writer can put
-    those in the same socket write without waiting for anything.
+    `pending` says how many events are still to come without waiting: the
+    rest of that batch, and on the multiplexed wire the events that arrived
+    with this one (a step's last token and the finish come in one message), so
+    a writer can put those in the same socket write without waiting for anything.
 
     Deadlines: the idle deadline bounds each read (never the time the consumer
     spends at `yield`: a slow client's send is the send timeout's job), the
@@ -190,10 +192,18 @@ class EngineStream:
         self._read_since: float | None = None  # when the read in progress began
         self._expired: EngineError | None = None
         self._watch: asyncio.TimerHandle | None = None
-        self.pending = 0
+        self._batch_left = 0  # chunks of the current batch message still to yield
+        # A call that holds events already received (a MuxCall): how many.
+        self._queued: Callable[[], int] | None = getattr(call, "queued", None)
         self.timings: StreamTimings | None = None
         self.on_error: Callable[[EngineError], None] | None = None
         self.ended = False
+
+    @property
+    def pending(self) -> int:
+        """Events the iteration yields next without waiting for the engine."""
+        queued = self._queued
+        return self._batch_left + (queued() if queued is not None else 0)
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         loop = asyncio.get_running_loop()
@@ -224,7 +234,7 @@ class EngineStream:
                             timings.tokens(monotonic(), len(chunks))
                         for left, chunk in zip(range(len(chunks) - 1, -1, -1), chunks,
                                                strict=True):
-                            self.pending = left
+                            self._batch_left = left
                             yield chunk
                     elif kind == "tool_call":
                         if timings is not None:

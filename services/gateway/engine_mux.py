@@ -152,6 +152,11 @@ class MuxCall:
     def done(self) -> bool:
         return self.over and self._head == len(self._events)
 
+    def queued(self) -> int:
+        """Events already here that `read` returns without waiting: the items of
+        one SessionEvent arrive together (a step's tokens, then the finish)."""
+        return len(self._events) - self._head
+
     async def code(self) -> grpc.StatusCode:
         if self._error is not None:
             return self._error.code()

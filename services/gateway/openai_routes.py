@@ -104,9 +104,10 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
                   metrics: GatewayMetrics, retry_ms: int, ready: Callable[[], int] = lambda: 0
                   ) -> AsyncIterator[ServerSentEvent | bytes]:
     """The stream's SSE events, one token per event. Tokens that arrived together
-    (`ready()`: how many more the engine stream holds in memory now, from one
-    batch message) go out in one socket write; a token is never held back to
-    wait for another."""
+    (`ready()`: how many more events the engine stream holds in memory now)
+    go out in one socket write, and with the finish when it came with them
+    (a stream's last step): its last chunk, the body's end included. A token
+    is never held back to wait for another."""
     outcome = "client_disconnect"  # what it was if we never get past a cancel
     metrics.streams_active.inc()
     batch: list[bytes] = []
@@ -125,15 +126,14 @@ async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, inclu
                     batch = []
                 yield ServerSentEvent(data=writer.tool_call(event))
             else:
-                if batch:  # only a wrapper that reorders events could leave one
-                    yield b"".join(batch)
-                    batch = []
-                # The finish, usage and [DONE] leave with the body's end in one write.
+                # The tokens that came with it, the finish, usage and [DONE]
+                # leave with the body's end in one write.
                 tail = [ServerSentEvent(data=writer.finish(event))]
                 if include_usage:
                     tail.append(ServerSentEvent(data=writer.usage(event)))
                 tail.append(ServerSentEvent(data="[DONE]"))
-                yield last_events(*tail)
+                yield last_events(*tail, before=batch)
+                batch = []
                 outcome = "completed"
     except EngineError as exc:
         # After the first byte the status is sent; the error becomes an event.

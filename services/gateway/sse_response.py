@@ -103,8 +103,9 @@ class LastChunk(bytes):
     body yields after it is sent."""
 
 
-def last_events(*events: ServerSentEvent) -> LastChunk:
-    return LastChunk(b"".join(ensure_bytes(event, SEP) for event in events))
+def last_events(*events: ServerSentEvent, before: list[bytes] | None = None) -> LastChunk:
+    """`events` encoded, after `before` (events encoded already)."""
+    return LastChunk(b"".join([*(before or ()), *(ensure_bytes(event, SEP) for event in events)]))
 
 
 def _server_exiting() -> bool:

@@ -141,6 +141,57 @@ async def test_gateway_a_stopped_reader_catches_up_in_fewer_writes_than_tokens()
     assert len(writes) < TOKENS
 
 
+async def test_gateway_a_streams_last_token_leaves_with_its_finish_in_one_write() -> None:
+    """On the multiplexed wire a step's last token and the finish arrive in one
+    SessionEvent: the gateway writes them, [DONE] and the body's end as one
+    chunk (one syscall, one read on every hop in front), not the token and
+    then the tail. Broken: a last write that carries no token, only the tail."""
+    tokens = 5
+    async with engine_and_stub(EngineSettings()) as (port, _):
+        app = create_app(GatewaySettings(engine_target=f"127.0.0.1:{port}",
+                                         engine_wire="multiplexed"))
+        rid = f"last-{uuid.uuid4().hex[:8]}"
+        payload = json.dumps({
+            "messages": [{"role": "user", "content": "short"}], "stream": True,
+            "max_tokens": tokens,
+            "streamlab": {"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": tokens,
+                          "heartbeat_s": 0}}).encode()
+        writes: list[tuple[bytes, bool]] = []
+        requested = False
+
+        async def receive() -> MutableMapping[str, Any]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await asyncio.Future()  # the client stays; cancelled when the response ends
+            raise AssertionError("unreachable")
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                writes.append((message.get("body", b""), message.get("more_body", False)))
+
+        async with app.router.lifespan_context(app):
+            async with asyncio.timeout(30):
+                await app(scope(payload, rid), receive, send)
+
+    def contents(body: bytes) -> list[str]:
+        return [json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                for line in body.decode().splitlines()
+                if line.startswith("data: {") and '"choices":[{' in line.replace(" ", "")]
+
+    print(f"{tokens} tokens in {len(writes)} body writes")
+    *before, (last, more) = writes
+    assert not more, "the last chunk ends the body"
+    assert all(more for _, more in before)
+    assert b"data: [DONE]" in last
+    assert all(b"[DONE]" not in body for body, _ in before)
+    assert contents(last)[0] == token_text(tokens - 1), "the last token left on its own"
+    assert "".join(t for body, _ in writes for t in contents(body)) == "".join(
+        token_text(i) for i in range(tokens))
+    assert len(writes) <= tokens
+
+
 def scope(payload: bytes, rid: str) -> dict[str, Any]:
     path = "/v1/chat/completions"
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",

@@ -1,6 +1,7 @@
 """EngineStream: a batch message is yielded chunk by chunk (with `pending`
-counting down), and its one re-armed timer keeps both deadlines: the idle one
-bounds reads only, never the consumer's time at `yield`."""
+counting down, and counting what a call already holds), and its one re-armed
+timer keeps both deadlines: the idle one bounds reads only, never the
+consumer's time at `yield`."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ async def test_a_batch_is_yielded_chunk_by_chunk_with_what_is_still_pending() ->
         if isinstance(event, pb.TokenChunk):
             seen.append((event.text, stream.pending))
     assert seen == [("t0 ", 0), ("t1 ", 2), ("t2 ", 1), ("t3 ", 0), ("t4 ", 0)]
+
+
+class HoldingCall(QueuedCall):
+    """A call that says how many events it holds already (as a MuxCall does
+    for the items of one SessionEvent)."""
+
+    def queued(self) -> int:
+        return self.queue.qsize()
+
+
+async def test_pending_counts_the_events_a_call_already_holds() -> None:
+    """Broken: a mux call's last token counted as alone, so it leaves in its
+    own write before the finish that came with it."""
+    stream = EngineStream(HoldingCall(token(0), token(1), FINISH), "r", 5.0, 60.0)
+    seen: list[tuple[str, int]] = []
+    async for event in stream:
+        seen.append((event.text if isinstance(event, pb.TokenChunk) else "finish",
+                     stream.pending))
+    assert seen == [("t0 ", 2), ("t1 ", 1), ("finish", 0)]
 
 
 async def test_a_silent_engine_trips_the_idle_deadline() -> None:
