@@ -333,7 +333,7 @@ def scale(
             slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
             cadence=not skip_cadence, setup_streams=setup_streams,
             storm_streams=storm_streams, cancel_background=cancel_background,
-            cancel_streams=cancel_streams,
+            cancel_streams=cancel_streams, floor_logs=run_dir / "logs",
             on_cell=on_cell, on_step=lambda step: err.print(f"{step} ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
     _render(report, as_json=as_json, plot=plot, verdict=False)
@@ -380,11 +380,14 @@ def setup(
     idle_s: Annotated[float, typer.Option(min=0.5, help="Idle baseline, seconds.")] = 3.0,
     quick: Annotated[bool, typer.Option(help="Small and fast: 100 streams at 50/s, paced "
                                              "10 x 50 (a smoke run, not a figure).")] = False,
+    floor: Annotated[bool, typer.Option(help="Also the gRPC floor: the same set-ups between "
+                                             "a bare grpc.aio server and client.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """CPU each process (gateway, engine, Toxiproxy, edge proxy, the client) spends per
     stream set-up (N two-token streams) and per paced token, idle taken off, against
-    the set-up targets (gateway <= 1.0 ms, engine <= 0.3 ms per stream)."""
+    the set-up targets (gateway <= 1.0 ms, engine <= 0.3 ms per stream); beside them,
+    the gRPC floor: what bare grpc.aio processes spend on the same set-ups."""
     from streamlab.experiments.bench.setup_cost import QUICK_PACED, QUICK_RATE, QUICK_STREAMS
     from streamlab.experiments.bench.setup_cost import bench_setup as run
 
@@ -403,6 +406,7 @@ def setup(
     with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting", total=None)
         report = run(lab, streams=streams, rate=rate, paced=shape, idle_s=idle_s,
+                     floor_logs=run_dir / "logs" if floor else None,
                      on_step=lambda step: progress.update(task, description=step))
     # The targets are figures to read (a missed one is the finding): exit 0 on them.
     _render(report, as_json=as_json, verdict=False)

@@ -1,8 +1,11 @@
 """`streamlab bench setup` end to end on the real lab, as a user runs it (the CLI
 in its own process, attached to the lab's run dir), at small N: the report's
 shape, and every process's CPU per stream and per paced token a number above
-zero (each process on the path did work for the streams). The figures are
-printed, never asserted as speed targets here (tests/unit judges the targets)."""
+zero (each process on the path did work for the streams), and the gRPC floor
+beside the engine and the gateway: the same set-ups through bare grpc.aio
+processes, every one answered in the engine's two messages, the floor's
+server gone afterwards. The figures are printed, never asserted as speed
+targets here (tests/unit judges the targets)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
+import psutil
 import pytest
 
 from streamlab.lab.local import Lab
@@ -59,9 +63,20 @@ def test_bench_setup_reports_cpu_per_stream_and_per_token_for_every_process(
     assert checks["setup_ms_gateway"]["check"] == "setup_ms_gateway <= 1"
     (table,) = report["tables"]
     assert table["columns"] == ["process", "set-up ms/stream", "target ms", "met",
-                                "paced µs/token", "idle ms/s"]
+                                "gRPC floor ms", "paced µs/token", "idle ms/s"]
     rows = {row[0]: row for row in table["rows"]}
     assert list(rows) == list(PROCESSES)
     for name, target in (("gateway", 1.0), ("engine", 0.3)):
         assert rows[name][2] == target
         assert rows[name][3] == checks[f"setup_ms_{name}"]["holds"]
+    # The floor: the same set-ups through the bare processes, beside the two it bounds.
+    assert figures["floor_completed"] == STREAMS
+    assert figures["floor_messages_per_stream"] == 2.0
+    for name in ("engine", "gateway"):
+        assert figures[f"floor_ms_{name}"] > 0, name
+        assert rows[name][4] == figures[f"floor_ms_{name}"]
+    assert rows["nginx"][4] is None
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if "streamlab.experiments.bench.servers.grpc_floor" in " ".join(
+                p.info["cmdline"] or [])]
+    assert left == [], "the floor's processes outlived the bench"

@@ -38,6 +38,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
@@ -271,13 +272,16 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
                 admission: tuple[str, ...] = ("off", "on"), admission_rate: float = 200.0,
                 cadence: bool = True, setup_streams: int = 0, storm_streams: int = 0,
                 cancel_background: int = 0, cancel_streams: int = 200,
+                floor_logs: Path | None = None,
                 on_cell: Callable[[ScaleCell], None] = lambda cell: None,
                 on_step: Callable[[str], None] = lambda step: None) -> Report:
     """`streamlab bench scale`: cell d with `setup_streams` (0: none), the
     cadence sweep (cells a and b, unless not `cadence`), cell c with
     `slow_streams` (0: none) once per `admission` mode, cell e with
     `storm_streams` (0: none), cell f with `cancel_background` streams running
-    (0: none), each a part; then the targets of the cells that ran, a part."""
+    (0: none), each a part; then the targets of the cells that ran, a part.
+    Cell d runs the gRPC floor beside it when `floor_logs` names where its
+    processes log."""
     from streamlab.experiments.bench.targets import Cells, storm_cell, targets_report
 
     if entry not in ENTRIES:
@@ -289,8 +293,8 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
         from streamlab.experiments.bench.setup_cost import run_setup, setup_report
 
         on_step(f"cell d: {setup_streams} set-ups")
-        cells = replace(cells, setup=setup_report(run_setup(lab, streams=setup_streams,
-                                                            paced=None)))
+        cells = replace(cells, setup=setup_report(run_setup(
+            lab, streams=setup_streams, paced=None, floor_logs=floor_logs)))
     if cadence:
         on_step("cells a, b: the cadence sweep")
         cells = replace(cells, cadence=run_scale(lab, sweep, tokens, step_ms, clocks, on_cell,

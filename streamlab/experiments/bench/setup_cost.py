@@ -11,6 +11,10 @@ and what a paced token costs them, as CPU per stream and per token.
     paced     S streams x T tokens at a 20 ms step: (CPU - idle - S x set-up)
               / tokens, in µs, per process (set-up taken out, so it is the
               per-token part alone)
+    floor     the same N set-ups at the same rate between two bare grpc.aio
+              processes on the engine's Session protocol (setup_floor.py):
+              the least the engine, and the gateway's gRPC side, can spend per
+              stream on this wire, on this machine, now
 
 CPU is read from /proc/PID/task/*/schedstat around each cell (probes.CpuMeter),
 for every process on the path: the gateway, the engine, Toxiproxy (both
@@ -18,7 +22,9 @@ processes summed: its three hops, edge, upstream and engine) and the edge proxy
 (with its workers); the client is this process, on raw sockets (load.py), and
 is reported beside them. Targets: set-up gateway <= 1.0 ms and engine <= 0.3 ms
 per stream; judged as checks that can fail, figures never asserted (a missed
-target is a finding, and the command exits 0 on it). The load average is
+target is a finding, and the command exits 0 on it). The floor is printed
+beside them, never judged: it says how much of a figure the transport alone
+takes, so what is left to cut is the difference. The load average is
 printed with the figures: on a shared machine, compare runs side by side.
 """
 
@@ -29,12 +35,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.bench.probes import CpuReading
 from streamlab.experiments.bench.scale import ProcessTreeMeter
+from streamlab.experiments.bench.setup_floor import FloorRun, run_floor
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import Capability, LabTarget, pids_of, require
 from streamlab.lab.topology import TOXIPROXY_PROCESSES
@@ -72,6 +80,14 @@ class SetupRun:
     # How the gateways reach the engines ("per_request" or "multiplexed"): the
     # engine's set-up differs by wire, so a figure names the one it was read on.
     engine_wire: str = ""
+    # The bare gRPC floor of the same set-ups (None: not run).
+    floor: FloorRun | None = None
+
+    def floor_ms(self) -> dict[str, float | None]:
+        """The floor per stream, ms, charged to the process it is the floor of."""
+        if self.floor is None:
+            return {}
+        return {"engine": self.floor.server_ms, "gateway": self.floor.client_ms}
 
     def setup_ms(self) -> dict[str, float | None]:
         """CPU per stream set-up, ms, per process (and the client)."""
@@ -118,6 +134,12 @@ def setup_report(run: SetupRun) -> Report:
         **{f"setup_ms_{name}": _round(ms, 3) for name, ms in setup.items()},
         **{f"idle_ms_per_s_{name}": _round(ms, 2) for name, ms in run.idle_ms_per_s.items()},
     }
+    floor = run.floor_ms()
+    if run.floor is not None:
+        figures.update({
+            "floor_completed": run.floor.completed,
+            "floor_messages_per_stream": run.floor.messages_per_stream,
+            **{f"floor_ms_{name}": _round(ms, 3) for name, ms in floor.items()}})
     if run.paced is not None and run.paced_shape is not None:
         streams, tokens, step_ms = run.paced_shape
         figures.update({
@@ -140,6 +162,7 @@ def setup_report(run: SetupRun) -> Report:
         target = SETUP_TARGET_MS.get(name)
         rows.append((name, _round(setup.get(name), 3), target,
                      None if target is None else met.get(f"setup_ms_{name}"),
+                     _round(floor.get(name), 3),
                      _round(paced.get(name), 1) if paced else None,
                      _round(run.idle_ms_per_s.get(name), 2)))
     caption = (f"{run.setup.load.completed}/{run.streams} two-token streams at "
@@ -149,8 +172,12 @@ def setup_report(run: SetupRun) -> Report:
     if run.paced_shape is not None:
         streams, tokens, step_ms = run.paced_shape
         caption += f" · paced: {streams} streams x {tokens} tokens at {step_ms} ms"
+    if run.floor is not None:
+        caption += (" · gRPC floor: bare grpc.aio server (engine) and client (gateway), "
+                    f"{run.floor.messages_per_stream:g} messages a stream")
     table = Table("cost", ("process", "set-up ms/stream", "target ms", "met",
-                           "paced µs/token", "idle ms/s"), tuple(rows), caption=caption)
+                           "gRPC floor ms", "paced µs/token", "idle ms/s"), tuple(rows),
+                  caption=caption)
     return Report("bench setup", story="CPU each process spends per stream set-up and per "
                   "paced token, idle taken off", figures=figures, checks=results,
                   tables=(table,))
@@ -249,8 +276,10 @@ NEEDS = frozenset({Capability.PIDS})
 
 def run_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = DEFAULT_RATE,
               paced: tuple[int, int, int] | None = DEFAULT_PACED, idle_s: float = 3.0,
+              floor_logs: Path | None = None,
               on_step: Callable[[str], None] = lambda step: None) -> SetupRun:
-    """Idle, then the set-up cell, then the paced cell (unless `paced` is None)."""
+    """Idle, then the set-up cell, then the gRPC floor's (its processes log to
+    `floor_logs`; None skips it), then the paced cell (unless `paced` is None)."""
     require(lab, NEEDS, "bench setup reads each process's CPU by pid")
     meters = Meters(pids_of(lab, "bench setup reads each process's CPU"))
     edge = urlsplit(lab.edge_url)
@@ -272,6 +301,10 @@ def run_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = D
     idle["client"] = 0.0
     on_step(f"set-up: {streams} streams at {rate:g}/s")
     setup = _setup_cell(meters, idle, host, port, short, streams, rate)
+    floor = None
+    if floor_logs is not None:
+        on_step(f"gRPC floor: {streams} bare set-ups at {rate:g}/s")
+        floor = run_floor(streams, rate, floor_logs)
     paced_cell = None
     if paced is not None:
         count, tokens, step_ms = paced
@@ -281,12 +314,13 @@ def run_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = D
         paced_cell = _cell(meters, idle, host, port, body, count, 0.5,
                            timeout_s=30 + tokens * step_ms / 1000 * 4)
     return SetupRun(streams, rate, setup, idle, paced, paced_cell,
-                    lab.options.gateway_settings().engine_wire)
+                    lab.options.gateway_settings().engine_wire, floor)
 
 
 def bench_setup(lab: LabTarget, *, streams: int = DEFAULT_STREAMS, rate: float = DEFAULT_RATE,
                 paced: tuple[int, int, int] | None = DEFAULT_PACED, idle_s: float = 3.0,
+                floor_logs: Path | None = None,
                 on_step: Callable[[str], None] = lambda step: None) -> Report:
     """`streamlab bench setup`: run_setup, as the one Report."""
     return setup_report(run_setup(lab, streams=streams, rate=rate, paced=paced,
-                                  idle_s=idle_s, on_step=on_step))
+                                  idle_s=idle_s, floor_logs=floor_logs, on_step=on_step))

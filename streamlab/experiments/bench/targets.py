@@ -72,6 +72,12 @@ def _prefixed(prefix: str, figures: Mapping[str, Figure], names: tuple[str, ...]
     return {f"{prefix}_{name}": figures.get(name) for name in names}
 
 
+def _floor_note(setup: Report, name: str) -> str:
+    """The gRPC floor measured beside a set-up figure (bench setup's floor cell)."""
+    floor = setup.figures.get(f"floor_ms_{name}")
+    return f" (bare gRPC floor {floor:g})" if isinstance(floor, int | float) else ""
+
+
 def target_figures(cells: Cells) -> tuple[Figures, list[Check]]:
     """The figures the targets judge, flat and prefixed by cell, and their checks
     (only for the cells that ran)."""
@@ -81,7 +87,8 @@ def target_figures(cells: Cells) -> tuple[Figures, list[Check]]:
         figures.update({f"setup_ms_{n}": cells.setup.figures.get(f"setup_ms_{n}")
                         for n in SETUP_MS})
         checks += [Check(f"setup_ms_{name}", "<=", bound,
-                         f"set-up: {name} CPU per stream, ms") for name, bound in SETUP_MS.items()]
+                         f"set-up: {name} CPU per stream, ms{_floor_note(cells.setup, name)}")
+                   for name, bound in SETUP_MS.items()]
     if cells.slow is not None:
         slow = cells.slow.figures
         streams = slow.get("streams")

@@ -14,6 +14,7 @@ from streamlab.experiments.bench.setup_cost import (
     merge,
     setup_report,
 )
+from streamlab.experiments.bench.setup_floor import FloorRun
 
 STREAMS = 1000
 
@@ -54,7 +55,7 @@ def test_cpu_per_stream_and_per_paced_token_come_from_each_process() -> None:
     assert figures["idle_ms_per_s_gateway"] == 3.0
     (table,) = report.tables
     rows = {row[0]: row for row in table.rows}
-    assert rows["gateway"] == ("gateway", 0.8, 1.0, True, 100.0, 3.0)
+    assert rows["gateway"] == ("gateway", 0.8, 1.0, True, None, 100.0, 3.0)
     assert rows["nginx"][2] is None  # no target, so no verdict
     assert report.as_expected
 
@@ -105,3 +106,23 @@ def test_the_engine_wire_measured_on_is_named() -> None:
     assert report.figures["engine_wire"] == "multiplexed"
     assert "engine wire multiplexed" in (report.tables[0].caption or "")
     assert setup_report(measured).figures["engine_wire"] is None  # not known: not made up
+
+
+def test_the_grpc_floor_is_printed_beside_its_process_and_never_judged() -> None:
+    # The floor says how much of a figure the transport alone takes: a reader
+    # needs it next to the figure, and a floor above a target fails nothing.
+    floor = FloorRun(streams=STREAMS, completed=STREAMS, messages_per_stream=2.0,
+                     server_ms=0.55, client_ms=0.8)
+    measured = run(gateway_ms=1200.0, engine_ms=600.0)
+    report = setup_report(SetupRun(**{**measured.__dict__, "floor": floor}))
+    assert report.figures["floor_ms_engine"] == 0.55
+    assert report.figures["floor_ms_gateway"] == 0.8
+    assert report.figures["floor_messages_per_stream"] == 2.0
+    rows = {row[0]: row for row in report.tables[0].rows}
+    assert rows["engine"][4] == 0.55
+    assert rows["gateway"][4] == 0.8
+    assert rows["nginx"][4] is None  # no floor measured for it: none shown
+    assert "gRPC floor" in (report.tables[0].caption or "")
+    assert {r.check.figure for r in report.checks} == {
+        r.check.figure for r in setup_report(measured).checks}
+    assert "floor_ms_engine" not in setup_report(measured).figures  # not run: not made up
