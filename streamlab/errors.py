@@ -31,6 +31,8 @@
       │   │                         needs (also a RuntimeError; load_clients.py)
       │   ├── ReadersRefused        some requests of a bench never reached the engine
       │   │                         (also a RuntimeError; bench/slow_readers.py)
+      │   ├── FloorError            the gRPC floor's bare processes did not run to the
+      │   │                         end (also a RuntimeError; bench/setup_floor.py)
       │   └── BrowserError          the headless browser failed (browser.py)
       └── the web console's control API (streamlab/console/control.py)
           ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also

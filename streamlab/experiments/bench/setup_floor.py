@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamlab.errors import StreamlabError
 from streamlab.experiments.bench.scale import ProcessTreeMeter
 from streamlab.lab import processes
 from streamlab.lab.processes import ServiceSpec
@@ -23,7 +24,7 @@ MODULE = "streamlab.experiments.bench.servers.grpc_floor"
 IDLE_S = 1.0  # the server's idle spell, before the drive
 
 
-class FloorError(RuntimeError):
+class FloorError(StreamlabError, RuntimeError):
     """The floor's processes did not run to the end (the message says where)."""
 
 
