@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -97,23 +97,11 @@ async def test_gateway_a_stopped_reader_catches_up_in_fewer_writes_than_tokens()
         app = create_app(GatewaySettings(engine_target=f"127.0.0.1:{port}",
                                          engine_read_ahead_bytes=4096))
         rid = f"coalesce-{uuid.uuid4().hex[:8]}"
-        payload = json.dumps({
-            "messages": [{"role": "user", "content": "flood"}], "stream": True,
-            "max_tokens": TOKENS,
-            "streamlab": {"prefill_ms": 0, "token_gap_ms": 0, "answer_tokens": TOKENS,
-                          "heartbeat_s": 0}}).encode()
+        payload = chat_payload("flood", TOKENS, gap_ms=0)
+        receive = body_once(payload)
         writes: list[bytes] = []
         first_write = asyncio.Event()
         resume = asyncio.Event()
-        requested = False
-
-        async def receive() -> MutableMapping[str, Any]:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await asyncio.Future()  # the client never leaves; cancelled when the response ends
-            raise AssertionError("unreachable")
 
         async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.body" and message.get("body"):
@@ -151,21 +139,9 @@ async def test_gateway_a_streams_last_token_leaves_with_its_finish_in_one_write(
         app = create_app(GatewaySettings(engine_target=f"127.0.0.1:{port}",
                                          engine_wire="multiplexed"))
         rid = f"last-{uuid.uuid4().hex[:8]}"
-        payload = json.dumps({
-            "messages": [{"role": "user", "content": "short"}], "stream": True,
-            "max_tokens": tokens,
-            "streamlab": {"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": tokens,
-                          "heartbeat_s": 0}}).encode()
+        payload = chat_payload("short", tokens, gap_ms=5)
+        receive = body_once(payload)
         writes: list[tuple[bytes, bool]] = []
-        requested = False
-
-        async def receive() -> MutableMapping[str, Any]:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await asyncio.Future()  # the client stays; cancelled when the response ends
-            raise AssertionError("unreachable")
 
         async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.body":
@@ -190,6 +166,30 @@ async def test_gateway_a_streams_last_token_leaves_with_its_finish_in_one_write(
     assert "".join(t for body, _ in writes for t in contents(body)) == "".join(
         token_text(i) for i in range(tokens))
     assert len(writes) <= tokens
+
+
+def chat_payload(content: str, tokens: int, gap_ms: int) -> bytes:
+    return json.dumps({
+        "messages": [{"role": "user", "content": content}], "stream": True,
+        "max_tokens": tokens,
+        "streamlab": {"prefill_ms": 0, "token_gap_ms": gap_ms, "answer_tokens": tokens,
+                      "heartbeat_s": 0}}).encode()
+
+
+def body_once(payload: bytes) -> Callable[[], Awaitable[MutableMapping[str, Any]]]:
+    """An ASGI receive: the request's body, then nothing (the client never
+    leaves; the wait is cancelled when the response ends)."""
+    requested = False
+
+    async def receive() -> MutableMapping[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await asyncio.Future()
+        raise AssertionError("unreachable")
+
+    return receive
 
 
 def scope(payload: bytes, rid: str) -> dict[str, Any]:
