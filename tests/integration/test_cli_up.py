@@ -1,0 +1,75 @@
+"""`streamlab up` as the README's first command runs it (`make up` calls it):
+the CLI in its own process, nothing chosen, on ports and a run dir of its own.
+The rest of the suite starts its labs with the wire set (STREAMLAB_GATEWAY_
+ENGINE_WIRE, so a run can pick one), so this is the test that would notice if
+a lab brought up plainly stopped speaking the gateway's default wire: a chat
+streams through the edge, the engine holds the gateway's Session call, and
+`streamlab down` stops every process it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.gateway.settings import GatewaySettings
+from streamlab.lab.processes import pid_alive
+from tests.integration.conftest import free_lab_ports
+from tests.wait import wait_until
+
+pytestmark = pytest.mark.integration
+
+DEFAULT_WIRE = GatewaySettings.model_fields["engine_wire"].default
+
+
+def engine_sessions(metrics_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5.0).text
+    for line in text.splitlines():
+        if line.startswith("streamlab_engine_sessions "):
+            return float(line.split()[1])
+    raise AssertionError("the engine exports no streamlab_engine_sessions")
+
+
+def test_a_plain_streamlab_up_speaks_the_default_wire_and_down_stops_it(
+        tmp_path: Path) -> None:
+    if os.environ.get("STREAMLAB_TARGET") == "compose":
+        pytest.skip("the local lab's CLI; the compose target is brought up by its script")
+    assert DEFAULT_WIRE == "multiplexed"  # what the docs and CI's split say it is
+    ports = free_lab_ports()
+    # Nothing chosen: no service setting from this shell (a run of the suite
+    # on the other wire sets one), only the ports, so it runs beside the
+    # suite's own lab.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("STREAMLAB_GATEWAY_", "STREAMLAB_ENGINE_"))}
+    env.update({f"STREAMLAB_{name.upper()}": str(value)
+                for name, value in ports.model_dump().items() if name.endswith("_port")})
+    run_dir = tmp_path / "run"
+    cli = [sys.executable, "-m", "streamlab.cli"]
+    up = subprocess.run([*cli, "up", "--run-dir", str(run_dir)], env=env, capture_output=True,
+                        text=True, timeout=180, check=False)
+    try:
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        state = json.loads((run_dir / "state.json").read_text())
+        pids = [service["pid"] for service in state["services"].values()]
+        with httpx.stream("POST", f"http://127.0.0.1:{ports.edge_port}/v1/chat/completions",
+                          json={"stream": True, "max_tokens": 3,
+                                "messages": [{"role": "user", "content": "hi"}]},
+                          timeout=30.0) as response:
+            assert response.status_code == 200
+            data = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]"
+        # A gateway on the multiplexed wire holds one Session call per engine
+        # while it runs; on per_request the engine would count none.
+        assert engine_sessions(ports.engine_metrics_port) >= 1, \
+            "no Session open: a plain `streamlab up` speaks per_request"
+    finally:
+        down = subprocess.run([*cli, "down", "--run-dir", str(run_dir)], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert down.returncode == 0, down.stderr[-2000:]
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout_s=15.0,
+               what="every process of the lab gone after `streamlab down`")
