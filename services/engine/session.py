@@ -15,7 +15,10 @@ validation, admission, records and counters are the very same:
     writer      the Session handler itself: waits for the outbox, lets every
                 generation of the same decode step add its tokens (one pass of
                 the event loop: the batched clock wakes them all in one), then
-                sends the whole outbox as one SessionEvent
+                sends the whole outbox as one SessionEvent. An `accepted` alone
+                does not wake it at once: it waits up to ACCEPT_HOLD_S for the
+                call's first tokens (a stream without prefill has them a step
+                later), so both leave in one message
 
 Cancellation is a dropped call, wherever it comes from:
 
@@ -67,6 +70,12 @@ log = logging.getLogger("streamlab.engine.session")
 # Items the outbox holds before the generations wait for the writer: the
 # session's window (a gateway that stops reading stalls them all here).
 OUTBOX_LIMIT = 4096
+# How long an accept alone may wait for company before it leaves. A stream
+# with no prefill has its first tokens a decode step later: held this long,
+# the accept leaves with them, one message instead of two for both sides
+# (docs/cost.md, the gRPC floor). A long prefill's accept still leaves at once,
+# give or take this: the gateway commits to its 200 without the first token.
+ACCEPT_HOLD_S = 0.001
 
 
 class Refused(EngineException):
@@ -155,6 +164,7 @@ class EngineSession:
         self._room = asyncio.Event()  # the outbox is under its limit
         self._room.set()
         self._reading = True
+        self._hold: asyncio.TimerHandle | None = None  # an accept waits for company
         self._told_serving: bool | None = None
         self._loop: asyncio.AbstractEventLoop  # the Session call's, set by `run`
 
@@ -173,6 +183,9 @@ class EngineSession:
                 # decode step put their tokens in before this event leaves.
                 await asyncio.sleep(0)
                 self._ready.clear()
+                if self._hold is not None:  # what the accept waited for is here
+                    self._hold.cancel()
+                    self._hold = None
                 event, self._outbox = self._outbox, pb.SessionEvent()
                 self._room.set()
                 if self._told_serving is not self._health.serving:
@@ -182,6 +195,8 @@ class EngineSession:
                 elif not self._reading and not self._tasks:
                     return  # the caller half-closed and every generation ended
         finally:
+            if self._hold is not None:
+                self._hold.cancel()
             self._health.sessions.discard(self)
             # The caller left (or broke the stream): every generation it opened
             # is a dropped call.
@@ -259,8 +274,17 @@ class EngineSession:
 
     def _accept(self, call: int) -> Accept:
         async def accept(request_id: str) -> None:
-            self._put().add(call=call, accepted=pb.SessionAccepted(request_id=request_id))
+            # Into the outbox without waking the writer: the next item does,
+            # or the hold's timer (ACCEPT_HOLD_S).
+            self._put(wake=False).add(call=call,
+                                      accepted=pb.SessionAccepted(request_id=request_id))
+            if self._hold is None and not self._ready.is_set():
+                self._hold = self._loop.call_later(ACCEPT_HOLD_S, self._release_hold)
         return accept
+
+    def _release_hold(self) -> None:
+        self._hold = None
+        self._ready.set()
 
     def _started(self, call: int) -> Callable[[GenerationRecord], None]:
         def started(record: GenerationRecord) -> None:
@@ -272,11 +296,14 @@ class EngineSession:
                     lambda done: self._stats.mark_cancel(record) if done.cancelled() else None)
         return started
 
-    def _put(self) -> RepeatedCompositeFieldContainer[pb.SessionItem]:
-        """Where the next item goes (the outbox's items): the writer is woken,
-        and the generations wait for it once the outbox is full."""
+    def _put(self, wake: bool = True) -> RepeatedCompositeFieldContainer[pb.SessionItem]:
+        """Where the next item goes (the outbox's items): the writer is woken
+        (unless not `wake`), and the generations wait for it once the outbox
+        is full."""
         items = self._outbox.items
         if len(items) + 1 >= OUTBOX_LIMIT:
             self._room.clear()
-        self._ready.set()
+            wake = True
+        if wake:
+            self._ready.set()
         return items

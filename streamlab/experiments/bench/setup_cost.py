@@ -173,8 +173,9 @@ def setup_report(run: SetupRun) -> Report:
         streams, tokens, step_ms = run.paced_shape
         caption += f" · paced: {streams} streams x {tokens} tokens at {step_ms} ms"
     if run.floor is not None:
+        messages = run.floor.messages_per_stream
         caption += (" · gRPC floor: bare grpc.aio server (engine) and client (gateway), "
-                    f"{run.floor.messages_per_stream:g} messages a stream")
+                    f"{messages:g} message{'' if messages == 1 else 's'} a stream")
     table = Table("cost", ("process", "set-up ms/stream", "target ms", "met",
                            "gRPC floor ms", "paced µs/token", "idle ms/s"), tuple(rows),
                   caption=caption)

@@ -32,7 +32,7 @@ class FloorError(StreamlabError, RuntimeError):
 class FloorRun:
     streams: int
     completed: int
-    # SessionEvents the client read per completed stream (2: accepted, then the rest).
+    # SessionEvents the client read per completed stream (1: everything at once).
     messages_per_stream: float
     server_ms: float | None  # CPU per stream, idle taken off: the engine's floor
     client_ms: float  # the same for the client: the gateway's gRPC side's floor

@@ -69,3 +69,10 @@ def test_a_prefill_does_not_hold_the_accept_back() -> None:
     events = asyncio.run(_events_of_one_call(prefill_ms=300))
     assert events[0] == ["accepted"], events
     assert "token" in events[1], events
+
+
+def test_an_accept_leaves_with_the_first_tokens_of_a_stream_without_prefill() -> None:
+    # One message instead of two for a stream whose first step is at once:
+    # the accept waits (ACCEPT_HOLD_S) for the tokens it would precede anyway.
+    events = asyncio.run(_events_of_one_call(prefill_ms=0))
+    assert events[0][:2] == ["accepted", "token"], events

@@ -4,10 +4,10 @@ Two bare processes speaking the engine's own Session protocol, on uvloop and
 with the options the engine and the gateway use:
 
     serve   a Session servicer that does no work: each `open` is answered as
-            the engine answers a two-token set-up stream, `accepted` in one
-            SessionEvent, then both tokens and the finish in the next: one
-            read and two writes per stream, the fewest a stream of two decode
-            steps can take on this wire
+            the engine answers a two-token set-up stream without prefill,
+            `accepted`, both tokens and the finish in one SessionEvent: one
+            read and one write per stream, the fewest any stream can take on
+            this wire
     drive   one Session call that opens N such calls at R a second, evenly
             spaced, reads every answer, and prints its own CPU (every thread:
             grpc's poller too), an idle spell's rate taken off, as JSON: the
@@ -54,11 +54,9 @@ async def bare_session(requests: AsyncIterator[pb.SessionRequest],
     async for request in requests:
         if request.WhichOneof("kind") != "open":
             continue
-        accepted = pb.SessionEvent()
-        accepted.items.add(call=request.call, accepted=pb.SessionAccepted(
-            request_id=request.open.request_id))
-        yield accepted
         answer = pb.SessionEvent()
+        answer.items.add(call=request.call, accepted=pb.SessionAccepted(
+            request_id=request.open.request_id))
         tokens = answer.items.add(call=request.call).event.tokens
         for index, text in enumerate(TOKENS):
             tokens.chunks.add(index=index, text=text)

@@ -111,13 +111,13 @@ def test_the_engine_wire_measured_on_is_named() -> None:
 def test_the_grpc_floor_is_printed_beside_its_process_and_never_judged() -> None:
     # The floor says how much of a figure the transport alone takes: a reader
     # needs it next to the figure, and a floor above a target fails nothing.
-    floor = FloorRun(streams=STREAMS, completed=STREAMS, messages_per_stream=2.0,
+    floor = FloorRun(streams=STREAMS, completed=STREAMS, messages_per_stream=1.0,
                      server_ms=0.55, client_ms=0.8)
     measured = run(gateway_ms=1200.0, engine_ms=600.0)
     report = setup_report(SetupRun(**{**measured.__dict__, "floor": floor}))
     assert report.figures["floor_ms_engine"] == 0.55
     assert report.figures["floor_ms_gateway"] == 0.8
-    assert report.figures["floor_messages_per_stream"] == 2.0
+    assert report.figures["floor_messages_per_stream"] == 1.0
     rows = {row[0]: row for row in report.tables[0].rows}
     assert rows["engine"][4] == 0.55
     assert rows["gateway"][4] == 0.8
