@@ -39,6 +39,7 @@ from streamlab.lab.topology import (
     TOXIPROXY_PROCESSES,
     Ports,
     Replicas,
+    ToxiproxyRuntime,
     console_url,
     hops,
     replica_port,
@@ -219,7 +220,7 @@ class Lab(ServedLab):
                 process,
                 [find_toxiproxy(), "-host", host, "-port", str(toxiproxy_api_port(p, process)),
                  "-config", str(self.run_dir / f"{process}.json"), "-proxy-metrics"],
-                ready=probes[process],
+                env=ToxiproxyRuntime().environment(), ready=probes[process],
             ) for process in TOXIPROXY_PROCESSES},
             **{name: ServiceSpec(
                 name, [self.options.python, "-m", "services.gateway"],

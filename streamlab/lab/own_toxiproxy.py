@@ -19,6 +19,7 @@ import httpx
 from streamlab.lab import processes
 from streamlab.lab.local import find_toxiproxy
 from streamlab.lab.processes import ServiceSpec, free_ports
+from streamlab.lab.topology import ToxiproxyRuntime
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ def own_toxiproxy(upstreams: Mapping[str, str], run_dir: Path) -> Iterator[OwnTo
     spec = ServiceSpec(f"toxiproxy-{api_port}",
                        [find_toxiproxy(), "-host", "127.0.0.1", "-port", str(api_port),
                         "-config", str(config)],
+                       env=ToxiproxyRuntime().environment(),
                        ready=lambda: httpx.get(f"{api}/version", timeout=1.0).is_success)
     running = processes.start(spec, run_dir)
     try:

@@ -21,7 +21,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +76,28 @@ class Ports(BaseSettings):
 
 
 PORT_OFFSET_VAR = "STREAMLAB_PORT_OFFSET"
+
+# zerolog's level names, which Toxiproxy's LOG_LEVEL takes.
+ToxiproxyLogLevel = Literal["trace", "debug", "info", "warn", "error", "fatal", "panic"]
+
+
+class ToxiproxyRuntime(BaseSettings):
+    """How each Toxiproxy process runs (lab.env): the same for the local lab and
+    compose.yaml, which passes these keys as the containers' environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMLAB_TOXIPROXY_", env_file=LAB_ENV, extra="ignore", frozen=True
+    )
+
+    # Go's scheduler threads. One: on these two cores a second one costs more in
+    # hand-offs between threads than it runs (docs/cost.md, Toxiproxy on one thread).
+    gomaxprocs: int = Field(ge=1)
+    # Unset, Toxiproxy logs every level: eight lines a connection.
+    log_level: ToxiproxyLogLevel
+
+    def environment(self) -> dict[str, str]:
+        """The variables the Go runtime and Toxiproxy read."""
+        return {"GOMAXPROCS": str(self.gomaxprocs), "LOG_LEVEL": self.log_level}
 
 
 def port_offset(text: str) -> int:

@@ -12,7 +12,8 @@ from cryptography import x509
 
 from streamlab.lab import compose_config
 from streamlab.lab.compose import ComposeSettings
-from streamlab.lab.topology import HOP_NAMES, REPO_ROOT, Ports, hops
+from streamlab.lab.topology import HOP_NAMES, REPO_ROOT, Ports, ToxiproxyRuntime, hops
+from tests.unit.streamlab.lab.test_compose_profiles import interpolate, lab_env
 
 COMPOSE = REPO_ROOT / "compose.yaml"
 PUBLISHED = re.compile(r"^\$\{STREAMLAB_HOST:-127\.0\.0\.1\}:\$\{(STREAMLAB_\w+):\?[^}]*\}:(\d+)$")
@@ -181,3 +182,13 @@ def test_each_replica_hop_leads_to_its_own_container_on_the_base_port() -> None:
     step = ports.replica_port_step
     assert (f"least_conn;\n    server toxiproxy-backend:{ports.upstream_port} max_fails=0;\n"
             f"    server toxiproxy-backend:{ports.upstream_port + step} max_fails=0;") in nginx_conf
+
+
+def test_both_toxiproxy_containers_run_as_the_local_lab_does(
+        services: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """GOMAXPROCS and LOG_LEVEL from lab.env, as local.py passes them."""
+    for key in ("STREAMLAB_TOXIPROXY_GOMAXPROCS", "STREAMLAB_TOXIPROXY_LOG_LEVEL"):
+        monkeypatch.delenv(key, raising=False)
+    want = ToxiproxyRuntime().environment()
+    for name in compose_config.TOXIPROXY_CONFIGS:
+        assert interpolate(services[name]["environment"], lab_env()) == want, name

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from streamlab.lab import nginx
 from streamlab.lab.topology import (
     Ports,
     Replicas,
+    ToxiproxyRuntime,
     hops,
     is_hop_name,
     replica_name,
@@ -84,3 +86,22 @@ def test_a_port_offset_that_cannot_be_is_a_clear_error(
     monkeypatch.setenv("STREAMLAB_PORT_OFFSET", text)
     with pytest.raises(ValueError, match="STREAMLAB_PORT_OFFSET"):
         Ports.load()
+
+
+def test_toxiproxy_runs_as_lab_env_says_and_a_variable_overrides_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMLAB_TOXIPROXY_GOMAXPROCS", raising=False)
+    monkeypatch.delenv("STREAMLAB_TOXIPROXY_LOG_LEVEL", raising=False)
+    assert ToxiproxyRuntime().environment() == {"GOMAXPROCS": "1", "LOG_LEVEL": "info"}
+    monkeypatch.setenv("STREAMLAB_TOXIPROXY_GOMAXPROCS", "2")
+    monkeypatch.setenv("STREAMLAB_TOXIPROXY_LOG_LEVEL", "debug")
+    assert ToxiproxyRuntime().environment() == {"GOMAXPROCS": "2", "LOG_LEVEL": "debug"}
+
+
+@pytest.mark.parametrize(("key", "value"), [("GOMAXPROCS", "0"), ("GOMAXPROCS", "many"),
+                                            ("LOG_LEVEL", "verbose")])
+def test_a_toxiproxy_setting_that_cannot_be_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch, key: str, value: str) -> None:
+    monkeypatch.setenv(f"STREAMLAB_TOXIPROXY_{key}", value)
+    with pytest.raises(ValidationError, match=key.lower()):
+        ToxiproxyRuntime()
