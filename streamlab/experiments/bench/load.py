@@ -11,6 +11,14 @@ sees (inter-chunk 0 means "bunched").
 
     run_load(host, port, path, body, streams=N)          N streams at once (fixed concurrency)
     run_load(..., rate=R, duration_s=D)                   open loop: Poisson arrivals at R/s
+    run_load(..., streams=N, steady=SteadyWindow(edge))   and the part in which all N run
+
+The steady window is what a paced token costs with no stream starting or
+ending: it opens when the last of the N streams has its first token and closes
+when the first one ends, and `edge` is called at both (a caller reads its CPU
+meters there). CPU over a whole run divided by its tokens also charges each
+token its share of its stream's set-up (a hundredth of it for 100-token
+streams), which has targets of its own.
 
 It reports its own CPU (the process's, read from the kernel around the run)
 beside what it measured, so a reader can see that it was not the limit.
@@ -23,7 +31,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from streamlab.experiments.bench.probes import CpuMeter, cpu_ms
@@ -42,12 +50,55 @@ PING_MARK = b": ping"
 _TAIL = len(TOKEN_MARK) - 1
 
 
+class SteadyWindow:
+    """The stretch of a fixed-concurrency run in which every stream is running:
+    from the moment the last one has its first token to the moment the first
+    one ends (finished, failed or cut). `edge` is called when it opens and when
+    it closes, on the event loop, as the token or end that opens or closes it
+    arrives. After the run, `tokens` is how many arrived inside it and
+    `seconds` how long it lasted; both stay None if it never opened (a stream
+    failed before its first token) or never closed."""
+
+    def __init__(self, edge: Callable[[], object]) -> None:
+        self._edge = edge
+        self._waiting = 0  # streams still to have their first token
+        self._opened: list[_Stream] = []
+        self._open_tokens = 0
+        self._open_at = 0.0
+        self.state = "idle"  # idle, waiting, open, closed
+        self.tokens: int | None = None
+        self.seconds: float | None = None
+
+    def arm(self, streams: int, opened: list[_Stream]) -> None:
+        self._waiting, self._opened, self.state = streams, opened, "waiting"
+
+    def first_token(self) -> None:
+        """A stream's first read with tokens arrived (already counted in it)."""
+        self._waiting -= 1
+        if self._waiting == 0 and self.state == "waiting":
+            self._edge()
+            self.state = "open"
+            self._open_at = time.monotonic()
+            # Not this read's tokens: their way here was paid before the window.
+            self._open_tokens = sum(s.tokens for s in self._opened)
+
+    def ended(self) -> None:
+        if self.state == "open":
+            self._edge()
+            self.state = "closed"
+            self.seconds = time.monotonic() - self._open_at
+            self.tokens = sum(s.tokens for s in self._opened) - self._open_tokens
+        elif self.state == "waiting":
+            self.state = "closed"  # a stream ended before all had begun: no window
+
+
 class _Stream(asyncio.Protocol):
     """One request on its own connection; `done` resolves when it ends."""
 
     def __init__(self, request: bytes, started: float, keep_body: bool = False,
-                 track_pings: bool = False) -> None:
+                 track_pings: bool = False, steady: SteadyWindow | None = None) -> None:
         self._request = request
+        self._steady = steady
         # When the head arrived, and each heartbeat (with track_pings).
         self.head_at = 0.0
         self.pings: list[float] | None = [] if track_pings else None
@@ -95,10 +146,15 @@ class _Stream(asyncio.Protocol):
         if self.pings is not None:
             self.pings.extend([now] * window.count(PING_MARK))
         if count:
+            first = not self.arrivals
             self.arrivals.append((now, count))
             self.tokens += count
+            if first and self._steady is not None:
+                self._steady.first_token()
         if DONE_MARK in window:
             self.finished = True
+            if self._steady is not None:
+                self._steady.ended()
             self._close()
             return
         self._carry = window[-_TAIL:]
@@ -106,6 +162,8 @@ class _Stream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.finished and not self.error:
             self.error = f"closed: {exc}" if exc else "closed before [DONE]"
+        if self._steady is not None:
+            self._steady.ended()
         if not self.done.done():
             self.done.set_result(None)
 
@@ -182,7 +240,8 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
                    streams: int = 0, ramp_s: float = 0.5, rate: float = 0.0,
                    duration_s: float = 0.0, timeout_s: float = 120.0,
                    seed: int = 1, keep_text: bool = False,
-                   heartbeat_s: float = 0.0, token_gap_ms: float = 0.0) -> LoadResult:
+                   heartbeat_s: float = 0.0, token_gap_ms: float = 0.0,
+                   steady: SteadyWindow | None = None) -> LoadResult:
     """`streams` at once, their starts spread evenly over `ramp_s` (a burst of
     thousands of connects is the kernel's accept queue's test, not the relay's);
     or, with `rate`, Poisson arrivals at `rate` per second for `duration_s`.
@@ -190,7 +249,8 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
     on the hot path): for checks that every stream got the whole answer.
     `heartbeat_s` (the interval the request asks for) tracks `: ping` arrivals
     and reports how late they came; `token_gap_ms` (the gap the request asks
-    for) reports how late tokens came while the ramp ran."""
+    for) reports how late tokens came while the ramp ran. `steady` (with
+    `streams` only) marks the stretch in which all of them run."""
     loop = asyncio.get_running_loop()
     request = http_request(host, port, path, body)
     if rate > 0:
@@ -207,15 +267,21 @@ async def run_load(host: str, port: int, path: str, body: Mapping[str, object], 
     ramp_end = time.monotonic() + (duration_s if rate > 0 else ramp_s)
     opened: list[_Stream] = []
     failures: dict[str, int] = {}
+    if steady is not None:
+        if rate > 0:
+            raise ValueError("a steady window needs a fixed number of streams, not a rate")
+        steady.arm(len(offsets), opened)
 
     async def one(offset: float) -> None:
         await asyncio.sleep(max(0.0, begin + offset - loop.time()))
-        stream = _Stream(request, time.monotonic(), keep_text, heartbeat_s > 0)
+        stream = _Stream(request, time.monotonic(), keep_text, heartbeat_s > 0, steady)
         try:
             await loop.create_connection(lambda: stream, host, port)
         except OSError as exc:
             key = f"connect: {exc.strerror or exc}"
             failures[key] = failures.get(key, 0) + 1
+            if steady is not None:
+                steady.ended()
             return
         opened.append(stream)
         await stream.done

@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from services.client.openai_stream import chat_body
-from streamlab.experiments.bench.load import LoadResult, run_load
+from streamlab.experiments.bench.load import LoadResult, SteadyWindow, run_load
 from streamlab.experiments.bench.probes import CpuMeter, CpuReading
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import Capability, LabTarget, MissingCapability, pids_of, require
@@ -89,11 +89,24 @@ class ScaleCell:
     loadavg: tuple[float, float, float] = (0.0, 0.0, 0.0)
     # Tokens per engine step (the batched clock's mean batch; None: per-stream timers).
     mean_batch: float | None = None
+    # The steady window (load.SteadyWindow: every stream running, none starting
+    # or ending): each process's CPU in it and the tokens that arrived in it.
+    running_cpu_ms: dict[str, float | None] = field(default_factory=dict)
+    running_tokens: int | None = None
+    running_s: float | None = None
 
     def us_per_token(self) -> dict[str, float | None]:
+        """Over the whole cell: each token also carries its share of its
+        stream's set-up and end."""
         tokens = self.load.tokens
         return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
                 for name, ms in self.cpu_ms.items()}
+
+    def us_per_running_token(self) -> dict[str, float | None]:
+        """Over the steady window only: what a paced token itself costs."""
+        tokens = self.running_tokens
+        return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
+                for name, ms in self.running_cpu_ms.items()}
 
     def on_cadence(self) -> bool:
         icl = self.load.icl_ms
@@ -105,6 +118,10 @@ class ScaleCell:
                 **{f"cpu_ms_{name}": None if ms is None else round(ms, 1)
                    for name, ms in self.cpu_ms.items()},
                 **{f"us_per_token_{name}": us for name, us in self.us_per_token().items()},
+                "running_tokens": self.running_tokens,
+                "running_s": None if self.running_s is None else round(self.running_s, 3),
+                **{f"us_per_running_token_{name}": us
+                   for name, us in self.us_per_running_token().items()},
                 "loadavg_1m": self.loadavg[0], "loadavg_5m": self.loadavg[1],
                 "loadavg_15m": self.loadavg[2], "on_cadence": self.on_cadence(),
                 "mean_batch": None if self.mean_batch is None else round(self.mean_batch, 1)}
@@ -121,15 +138,16 @@ class ScaleCell:
     def row(self) -> tuple[Figure, ...]:
         icl, ttft, per = self.load.icl_ms, self.load.ttft_ms, self.us_per_token()
         known = [v for v in per.values() if v is not None]
+        running = [v for v in self.us_per_running_token().values() if v is not None]
         return (self.clock, self.streams, self.load.completed,
                 None if self.mean_batch is None else round(self.mean_batch, 1),
                 icl.get("p50"), icl.get("p90"), icl.get("p99"), ttft.get("p99"),
                 round(self.loadavg[0], 1), *(per.get(name) for name in PROCESSES),
-                round(sum(known)) if known else None)
+                round(sum(known)) if known else None, round(sum(running)) if running else None)
 
 
 SCALE_COLUMNS = ("clock", "streams", "ok", "batch", "ICL p50", "p90", "p99", "TTFT p99", "load",
-                 f"µs/token: {PROCESSES[0]}", *PROCESSES[1:], "total")
+                 f"µs/token: {PROCESSES[0]}", *PROCESSES[1:], "total", "total running")
 
 
 @contextlib.contextmanager
@@ -200,18 +218,29 @@ def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms:
     warm = chat_body("warm", max_tokens=5, prefill_ms=0, token_gap_ms=step_ms, answer_tokens=5)
     asyncio.run(run_load(host, port, "/v1/chat/completions", warm, streams=min(streams, 20),
                          ramp_s=0.1, timeout_s=30))
+    # The client's own CPU in the steady window beside the lab's (this process
+    # alone: a lab started from it would be its children).
+    client = CpuMeter(os.getpid())
+    edges: list[dict[str, list[CpuReading | None]]] = []
+    steady = SteadyWindow(lambda: edges.append(
+        {**{name: meter.read() for name, meter in meters.items()}, "client": [client.read()]}))
     before = {name: meter.read() for name, meter in meters.items()}
     load = asyncio.run(run_load(host, port, "/v1/chat/completions", body, streams=streams,
-                                timeout_s=60 + tokens * step_ms / 1000 * 4))
+                                timeout_s=60 + tokens * step_ms / 1000 * 4, steady=steady))
     after = {name: meter.read() for name, meter in meters.items()}
     cpu: dict[str, float | None] = {
         name: ProcessTreeMeter.ms_between(before[name], after[name]) for name in meters}
     cpu["client"] = load.client_cpu_ms
+    running: dict[str, float | None] = {}
+    if len(edges) == 2 and steady.tokens:
+        running = {name: ProcessTreeMeter.ms_between(edges[0][name], edges[1][name])
+                   for name in edges[0]}
     steps_after = lab.engine_stats().load
     steps = steps_after.decode_steps - steps_before.decode_steps
     batch = (steps_after.decode_step_tokens - steps_before.decode_step_tokens) / steps \
         if steps else None
-    return ScaleCell(clock, streams, load, cpu, os.getloadavg(), batch)
+    return ScaleCell(clock, streams, load, cpu, os.getloadavg(), batch, running,
+                     steady.tokens if running else None, steady.seconds if running else None)
 
 
 def run_scale(lab: LabTarget, sweep: tuple[int, ...] = SWEEP, tokens: int = 100,

@@ -8,7 +8,11 @@ target / met, in one table ("targets"), each a Check that can fail.
               when it ran)
     paced     100 streams x 20 ms through the full chain (cell a, the batched
               clock): the lab's processes (client not counted) <= 200 µs of CPU
-              per token together; inter-chunk p50 20 +- 1 ms, p99 <= 30 ms
+              per paced token together, measured while all 100 run (the steady
+              window: a stream's set-up is priced by its own row, and over the
+              whole cell a 100-token stream would charge each token a hundredth
+              of it; that figure is printed beside, not judged); inter-chunk
+              p50 20 +- 1 ms, p99 <= 30 ms
     storm     N resumable streams (2,000) cut at once at the edge: every cut
               stream's next token within 5 s of the restore, none lost, every
               token exactly once (cell e: the reconnect-storm scenario's
@@ -52,20 +56,28 @@ class Cells:
     cancel: Report | None = None
 
 
+def _lab_sum(figures: Mapping[str, Figure], prefix: str) -> float | None:
+    """A per-process figure summed over the lab's processes (None unless all are known)."""
+    per = [figures.get(f"{prefix}_{name}") for name in LAB_PROCESSES]
+    known = [float(v) for v in per if isinstance(v, int | float)]
+    return round(sum(known), 1) if len(known) == len(per) else None
+
+
 def paced_figures(cadence: Report) -> Figures | None:
     """The paced target's cell: the batched clock at 100 streams (else any clock
-    at 100), with the lab's CPU per token summed over its processes."""
+    at 100), with the lab's CPU per token summed over its processes: per
+    running token (judged) and over the whole cell, set-ups included."""
     cells = [p for p in cadence.parts if p.figures.get("streams") == PACED_STREAMS]
     cells.sort(key=lambda p: p.figures.get("clock") != "batched")
     if not cells:
         return None
     figures = cells[0].figures
-    per = [figures.get(f"us_per_token_{name}") for name in LAB_PROCESSES]
-    known = [float(v) for v in per if isinstance(v, int | float)]
     return {"paced_clock": figures.get("clock"), "paced_completed": figures.get("completed"),
             "paced_icl_ms_p50": figures.get("icl_ms_p50"),
             "paced_icl_ms_p99": figures.get("icl_ms_p99"),
-            "paced_lab_us_per_token": round(sum(known), 1) if len(known) == len(per) else None}
+            "paced_running_tokens": figures.get("running_tokens"),
+            "paced_lab_us_per_running_token": _lab_sum(figures, "us_per_running_token"),
+            "paced_lab_us_per_token": _lab_sum(figures, "us_per_token")}
 
 
 def _prefixed(prefix: str, figures: Mapping[str, Figure], names: tuple[str, ...]) -> Figures:
@@ -105,8 +117,12 @@ def target_figures(cells: Cells) -> tuple[Figures, list[Check]]:
     paced = paced_figures(cells.cadence) if cells.cadence is not None else None
     if paced is not None:
         figures.update(paced)
-        checks += [Check("paced_lab_us_per_token", "<=", PACED_LAB_US_PER_TOKEN,
-                         "paced 100 x 20 ms: the lab's CPU per token, µs, all processes"),
+        whole = paced.get("paced_lab_us_per_token")
+        beside = f" (whole cell, set-ups included: {whole:g})" if isinstance(
+            whole, int | float) else ""
+        checks += [Check("paced_lab_us_per_running_token", "<=", PACED_LAB_US_PER_TOKEN,
+                         "paced 100 x 20 ms: the lab's CPU per running token, µs, all "
+                         f"processes{beside}"),
                    Check("paced_icl_ms_p50", ">=", PACED_ICL_P50_MS[0],
                          "paced: inter-chunk p50 at least 19 ms"),
                    Check("paced_icl_ms_p50", "<=", PACED_ICL_P50_MS[1],

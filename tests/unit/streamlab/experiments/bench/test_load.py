@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from streamlab.experiments.bench.load import _Stream, http_request, summarize
+from streamlab.experiments.bench.load import SteadyWindow, _Stream, http_request, summarize
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +78,53 @@ def test_the_request_is_plain_http_1_1_with_a_length() -> None:
     assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert b"Content-Length: 7" in head
     assert body == b'{"a":1}'
+
+
+def streams_in_window(count: int) -> tuple[SteadyWindow, list[_Stream], list[int]]:
+    """`count` streams sharing a steady window; its edges note the tokens read so far."""
+    opened: list[_Stream] = []
+    edges: list[int] = []
+    window = SteadyWindow(lambda: edges.append(sum(s.tokens for s in opened)))
+    window.arm(count, opened)
+    for _ in range(count):
+        stream = _Stream(b"GET", 0.0, steady=window)
+        stream.connection_made(Transport())
+        stream.data_received(HEAD)
+        opened.append(stream)
+    return window, opened, edges
+
+
+async def test_the_steady_window_runs_from_the_last_first_token_to_the_first_end() -> None:
+    window, (a, b, c), edges = streams_in_window(3)
+    a.data_received(event("1") + event("2"))
+    b.data_received(event("1"))
+    a.data_received(event("3"))
+    assert window.state == "waiting"
+    assert edges == []
+    c.data_received(event("1"))  # the last stream's first token opens it
+    assert window.state == "open"
+    assert edges == [5]
+    b.data_received(event("2") + event("3"))
+    c.data_received(event("2"))
+    a.data_received(event("4") + FINISH + b"data: [DONE]\n\n")  # the first end closes it
+    assert window.state == "closed"
+    assert len(edges) == 2
+    # In it: b's 2, c's 2nd, a's 4th; not c's first read (paid before it opened).
+    assert window.tokens == 4
+    assert window.seconds is not None
+    assert window.seconds >= 0
+    b.data_received(event("4") + FINISH + b"data: [DONE]\n\n")
+    a.connection_lost(None)
+    assert len(edges) == 2
+    assert window.tokens == 4
+
+
+async def test_a_stream_that_ends_before_all_have_begun_leaves_no_window() -> None:
+    window, (a, b), edges = streams_in_window(2)
+    a.data_received(event("1"))
+    b.connection_lost(ConnectionResetError())  # cut before its first token
+    a.data_received(event("2"))
+    assert window.state == "closed"
+    assert edges == []
+    assert window.tokens is None
+    assert window.seconds is None

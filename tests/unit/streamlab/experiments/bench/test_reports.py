@@ -104,8 +104,11 @@ def scale_cell(clock: str, streams: int, p99: float) -> ScaleCell:
                       ttft_ms={"p50": 12.0, "p99": 30.0},
                       icl_ms={"p50": 20.0, "p90": p99 - 2, "p99": p99}, client_cpu_ms=100.0)
     cpu = {"engine": 50.0, "gateway": 200.0, "nginx": None, "client": 100.0}
+    # The steady window: half the tokens, for less than half the CPU (no set-ups in it).
+    running = {"engine": 20.0, "gateway": 80.0, "nginx": None, "client": 40.0}
     return ScaleCell(clock, streams, load, cpu, (1.5, 1.0, 0.5),
-                     mean_batch=streams if clock == "batched" else None)
+                     mean_batch=streams if clock == "batched" else None,
+                     running_cpu_ms=running, running_tokens=streams * 50, running_s=0.9)
 
 
 def scale_report() -> Report:
@@ -122,8 +125,20 @@ def test_scale_cells_are_judged_on_cadence_and_the_break_points_are_figures() ->
     assert [p.as_expected for p in report.parts] == [True, True, True, False]
     assert [c.check.figure for c in report.failures] == ["icl_ms_p99"]
     (table,) = report.tables
-    totals = [row[-1] for row in table.rows]
-    assert totals == [350, 350, 70, 70]  # µs per token over the processes that were read
+    # µs per token over the processes that were read: the whole cell, and the
+    # steady window's (every stream running) beside it.
+    totals = [row[-2:] for row in table.rows]
+    assert totals == [(350, 280), (350, 280), (70, 56), (70, 56)]
+    assert report.parts[0].figures["us_per_running_token_gateway"] == 160.0
+    assert report.parts[0].figures["running_tokens"] == 500
+
+
+def test_a_scale_cell_without_a_steady_window_has_no_running_figures() -> None:
+    cell = scale_cell("batched", 10, 22.0)
+    cell.running_cpu_ms, cell.running_tokens, cell.running_s = {}, None, None
+    assert cell.row()[-1] is None
+    assert cell.figures()["running_tokens"] is None
+    assert not any(k.startswith("us_per_running_token_") for k in cell.figures())
 
 
 def slow_cell(streams: int, completed: int, late_p99: float,
