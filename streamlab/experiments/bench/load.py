@@ -70,7 +70,9 @@ class SteadyWindow:
         self.seconds: float | None = None
 
     def arm(self, streams: int, opened: list[_Stream]) -> None:
+        """A new run: what a previous one measured is forgotten."""
         self._waiting, self._opened, self.state = streams, opened, "waiting"
+        self._open_tokens, self.tokens, self.seconds = 0, None, None
 
     def first_token(self) -> None:
         """A stream's first read with tokens arrived (already counted in it)."""

@@ -128,3 +128,26 @@ async def test_a_stream_that_ends_before_all_have_begun_leaves_no_window() -> No
     assert edges == []
     assert window.tokens is None
     assert window.seconds is None
+
+
+async def test_a_refused_stream_leaves_no_window_and_a_new_run_forgets_the_last() -> None:
+    window, (a, b), edges = streams_in_window(2)
+    a.data_received(event("1"))
+    b.data_received(event("1"))
+    a.data_received(event("2") + FINISH + b"data: [DONE]\n\n")
+    assert window.tokens == 1
+    # Run again on the same window: the second stream is refused (503).
+    opened: list[_Stream] = []
+    window.arm(2, opened)
+    for head in (HEAD, b"HTTP/1.1 503 Service Unavailable\r\n\r\n{}"):
+        stream = _Stream(b"GET", 0.0, steady=window)
+        stream.connection_made(Transport())
+        opened.append(stream)
+        stream.data_received(head)
+    opened[0].data_received(event("1"))
+    opened[1].connection_lost(None)
+    assert opened[1].error == "HTTP 503"
+    assert window.state == "closed"
+    assert window.tokens is None
+    assert window.seconds is None
+    assert len(edges) == 2  # only the first run's
