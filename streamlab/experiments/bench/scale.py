@@ -80,6 +80,13 @@ class ProcessTreeMeter:
         return total if seen else None
 
 
+def _per_token_us(cpu_ms: dict[str, float | None], tokens: int | None
+                  ) -> dict[str, float | None]:
+    """Each process's CPU (ms) over `tokens`, in µs a token (None: not known)."""
+    return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
+            for name, ms in cpu_ms.items()}
+
+
 @dataclass
 class ScaleCell:
     clock: str
@@ -98,15 +105,11 @@ class ScaleCell:
     def us_per_token(self) -> dict[str, float | None]:
         """Over the whole cell: each token also carries its share of its
         stream's set-up and end."""
-        tokens = self.load.tokens
-        return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
-                for name, ms in self.cpu_ms.items()}
+        return _per_token_us(self.cpu_ms, self.load.tokens)
 
     def us_per_running_token(self) -> dict[str, float | None]:
         """Over the steady window only: what a paced token itself costs."""
-        tokens = self.running_tokens
-        return {name: (None if ms is None or not tokens else round(ms * 1000 / tokens, 1))
-                for name, ms in self.running_cpu_ms.items()}
+        return _per_token_us(self.running_cpu_ms, self.running_tokens)
 
     def on_cadence(self) -> bool:
         icl = self.load.icl_ms
@@ -221,13 +224,16 @@ def cadence_cell(lab: LabTarget, clock: str, streams: int, tokens: int, step_ms:
     # The client's own CPU in the steady window beside the lab's (this process
     # alone: a lab started from it would be its children).
     client = CpuMeter(os.getpid())
+
+    def read() -> dict[str, list[CpuReading | None]]:
+        return {name: meter.read() for name, meter in meters.items()}
+
     edges: list[dict[str, list[CpuReading | None]]] = []
-    steady = SteadyWindow(lambda: edges.append(
-        {**{name: meter.read() for name, meter in meters.items()}, "client": [client.read()]}))
-    before = {name: meter.read() for name, meter in meters.items()}
+    steady = SteadyWindow(lambda: edges.append({**read(), "client": [client.read()]}))
+    before = read()
     load = asyncio.run(run_load(host, port, "/v1/chat/completions", body, streams=streams,
                                 timeout_s=60 + tokens * step_ms / 1000 * 4, steady=steady))
-    after = {name: meter.read() for name, meter in meters.items()}
+    after = read()
     cpu: dict[str, float | None] = {
         name: ProcessTreeMeter.ms_between(before[name], after[name]) for name in meters}
     cpu["client"] = load.client_cpu_ms
