@@ -49,6 +49,12 @@ class SSEDecoder:
         # (even in a block with no data, which dispatches nothing).
         self.reconnection_time_ms: int | None = None
 
+    @property
+    def pending_chars(self) -> int:
+        """Characters held for an event not yet complete (an unfinished line and
+        the data lines so far): what a reader bounds against a line that never ends."""
+        return len(self._buffer) + sum(len(d) for d in self._data)
+
     def feed(self, chunk: bytes) -> list[Item]:
         """Parse one read's worth of bytes; return the items it completed."""
         text = self._utf8.decode(chunk)

@@ -11,6 +11,10 @@ judges someone else's server on it, so nothing the server sends raises: every
 read is kept with its time and size (a buffering hop shows as one big read),
 every comment counted, data that is not JSON and events after `[DONE]` are
 recorded rather than parsed or applied, and a non-2xx answer's body is kept.
+Nothing it sends can hang or exhaust the reader either: an event larger than
+`max_event_chars` (a line that never ends) stops the read, and so does a
+stream still open at `deadline_s` (an answer that never ends); each is an
+error with its own code.
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 
 from services.client.transport_run import TransportRun
 from streamlab_protocol.sse import Comment, Event, SSEDecoder
+
+# An OpenAI chunk is a few hundred bytes, a tool call's arguments a few KB: an
+# event past this is a server that never ends its line, and reading on would
+# hold all of it (the decoder keeps the unfinished line).
+MAX_EVENT_CHARS = 1 << 20
+KEPT_TOOL_DELTAS = 1000  # the shape check reads the first ones; a runaway call stops here
 
 
 @dataclass
@@ -60,6 +71,12 @@ class StreamResult:
     body: bytes = b""  # a non-2xx answer's body
     paused_at_s: float | None = None  # request sent → the reader held off (pause_after_tokens)
     paused_s: float | None = None  # for how long
+    # The stream's shape (streamlab check's `shape` and `tool-calls`):
+    first_delta: dict[str, Any] | None = None  # the first choice's first delta
+    last_choice_chunk: dict[str, Any] | None = None  # the last chunk with a choice in it
+    usage_chunks: int = 0  # chunks that carried `usage`
+    tool_deltas: list[dict[str, Any]] = field(default_factory=list)  # each tool_calls entry
+    reasoning_fields: set[str] = field(default_factory=set)  # reasoning_content / reasoning
 
     @property
     def text(self) -> str:
@@ -89,6 +106,29 @@ class StreamResult:
         marks += [t for t, _ in self.reads if t <= first] + [first]
         marks.sort()
         return max(b - a for a, b in itertools.pairwise(marks)) if len(marks) > 1 else 0.0
+
+    @property
+    def longest_byte_gap(self) -> tuple[float, float] | None:
+        """(length, start) of the longest stretch with no byte over the whole
+        answer, from sending the request to its end: what an idle-cutting hop
+        sees wherever the silence falls (before the first token, or between
+        two tokens while a model thinks or a preempted request waits)."""
+        if self.headers_s is None:
+            return None
+        marks = sorted({0.0, self.headers_s, *(t for t, _ in self.reads), self.total_s})
+        if len(marks) < 2:
+            return (0.0, 0.0)
+        return max((b - a, a) for a, b in itertools.pairwise(marks))
+
+    @property
+    def longest_wait_for_token(self) -> tuple[float, float] | None:
+        """(length, start) of the longest wait for a token, before the first or
+        between two (comments and empty chunks do not end it): the silence the
+        server had to keep alive."""
+        if not self.token_reads:
+            return None
+        marks = [0.0, *self.token_reads]
+        return max((b - a, a) for a, b in itertools.pairwise(marks))
 
     @property
     def bytes_before_first_token(self) -> int:
@@ -125,14 +165,35 @@ async def stream_chat(
     before_leaving: Callable[[], Awaitable[None]] | None = None,
     pause_after_tokens: int | None = None,
     pause: Callable[[], Awaitable[None]] | None = None,
+    deadline_s: float | None = None,
+    max_event_chars: int = MAX_EVENT_CHARS,
 ) -> StreamResult:
     """POST `body` to `url` (a .../v1/chat/completions URL) and read the stream.
 
     `stop_after_tokens`: leave then (closing the connection), awaiting
     `before_leaving` first while the stream is still open. `pause_after_tokens`:
     await `pause` once then, reading nothing meanwhile (a reader that stopped),
-    then read on to the end."""
+    then read on to the end. `deadline_s`: stop reading a stream still open
+    then (an error, code `deadline`)."""
     result = StreamResult()
+    try:
+        with anyio.fail_after(deadline_s):
+            await _read(client, url, body, headers, result, stop_after_tokens, on_token,
+                        before_leaving, pause_after_tokens, pause, max_event_chars)
+    except TimeoutError:
+        result.error = {"message": f"the stream was still open after {deadline_s:g} s: "
+                                   "an answer that does not end", "code": "deadline"}
+    if not result.done and result.error is None and not result.closed_early:
+        result.error = {"message": "stream ended without [DONE]", "code": "truncated"}
+    return result
+
+
+async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                headers: dict[str, str] | None, result: StreamResult,
+                stop_after_tokens: int | None, on_token: Callable[[str], None] | None,
+                before_leaving: Callable[[], Awaitable[None]] | None,
+                pause_after_tokens: int | None, pause: Callable[[], Awaitable[None]] | None,
+                max_event_chars: int) -> None:
     decoder = SSEDecoder()
     start = time.perf_counter()
     try:
@@ -148,7 +209,7 @@ async def stream_chat(
                 result.bytes_down = len(raw)
                 result.body = raw
                 result.error = _error_body(raw)
-                return result
+                return
             # Decoded bytes (nginx may gzip the stream); the wire count comes
             # from httpx's own tally of what it read.
             async for chunk in response.aiter_bytes():
@@ -167,6 +228,11 @@ async def stream_chat(
                     token_here |= _event(result, item, now, on_token)
                 if token_here:
                     result.token_reads.append(now)
+                if decoder.pending_chars > max_event_chars:
+                    result.error = {"message": f"an event grew past {max_event_chars} "
+                                               "characters with no end of line: stopped reading",
+                                    "code": "oversized_event"}
+                    return
                 if (pause is not None and pause_after_tokens is not None
                         and result.paused_s is None and result.token_chunks >= pause_after_tokens):
                     result.paused_at_s = now
@@ -178,16 +244,13 @@ async def stream_chat(
                         await before_leaving()
                     result.closed_early = True
                     result.left_at = time.monotonic()
-                    return result  # leaving the block closes the connection
+                    return  # leaving the block closes the connection
     except httpx.TimeoutException as exc:
         result.error = {"message": f"client timed out: {type(exc).__name__}", "code": "timeout"}
     except httpx.TransportError as exc:
         result.error = {"message": f"connection failed: {exc!r}", "code": "transport"}
     finally:
         result.total_s = time.perf_counter() - start
-    if not result.done and result.error is None:
-        result.error = {"message": "stream ended without [DONE]", "code": "truncated"}
-    return result
 
 
 def _event(result: StreamResult, event: Event, now: float,
@@ -227,7 +290,8 @@ def _has_token(chunk: dict[str, Any]) -> bool:
     for choice in choices:
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
-                                        or delta.get("reasoning_content")):
+                                        or delta.get("reasoning_content")
+                                        or delta.get("reasoning")):
             return True
     return False
 
@@ -239,11 +303,16 @@ def _apply(result: StreamResult, payload: dict[str, Any], now: float,
         return
     if payload.get("usage"):
         result.usage = payload["usage"]
+        result.usage_chunks += 1
     choices = payload.get("choices")
+    if isinstance(choices, list) and choices:
+        result.last_choice_chunk = payload
     for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
+        if isinstance(delta, dict):
+            _shape(result, delta)
         content = delta.get("content") if isinstance(delta, dict) else None
         if content:
             if result.ttft_s is None:
@@ -254,6 +323,19 @@ def _apply(result: StreamResult, payload: dict[str, Any], now: float,
                 on_token(content)
         if choice.get("finish_reason"):
             result.finish_reason = choice["finish_reason"]
+
+
+def _shape(result: StreamResult, delta: dict[str, Any]) -> None:
+    """What the shape checks read of a delta, kept small whatever the stream's length."""
+    if result.first_delta is None:
+        result.first_delta = delta
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        room = KEPT_TOOL_DELTAS - len(result.tool_deltas)
+        result.tool_deltas.extend(c for c in calls[:max(room, 0)] if isinstance(c, dict))
+    for name in ("reasoning_content", "reasoning"):
+        if delta.get(name):
+            result.reasoning_fields.add(name)
 
 
 def _error_body(raw: bytes) -> dict[str, Any]:

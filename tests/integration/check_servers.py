@@ -13,6 +13,17 @@ Starlette app served by uvicorn on a free port in a thread of the test:
     good    none of these: its generation waits for a reader that stopped
             (a bounded queue between the model and the socket)
 
+Each may also misbehave in one way more, set by a keyword: `pause_s` (a
+silence mid-answer, after PAUSE_AFTER tokens, as a reasoning model's hidden
+thinking; with `ping_s`, `: ping` comments through it), `role=False` (no role
+on the first delta), `finish=False` (no finish_reason), `tools` ("good", or
+"bad": no index, the id and name on every delta), `slots` (generations at
+once, as an engine's batch; a request waits for a slot), `metrics=False` (no
+/metrics), `turns` (streams hold one lock in turns of TURN_TOKENS tokens: a
+stall only concurrency shows), or `hostile`: "endless" (a token every 10 ms,
+never [DONE]), "hugeline" (a 64 MiB `data:` line with no newline), "badutf8"
+(invalid UTF-8 in the content) or "noheaders" (never answers at all).
+
 A server may also offer a resumable surface, `POST /v1/streams` and `GET
 /v1/streams/{id}/events` with `Last-Event-ID` (the lab gateway's shape), that
 resumes `exact`ly after the id sent, or misbehaves: `replay` starts from the
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -47,6 +59,11 @@ from streamlab.lab.processes import free_ports
 
 Mode = Literal["buffer", "silent", "leak", "grow", "good"]
 Resume = Literal["exact", "replay", "skip"]
+Tools = Literal["good", "bad"]
+Hostile = Literal["endless", "hugeline", "badutf8", "noheaders"]
+PAUSE_AFTER = 5  # tokens before a mid-answer pause
+TURN_TOKENS = 10  # tokens a stream makes while it holds the turns' lock
+HUGE_LINE = 64 << 20
 MODEL = "test-model"
 TOKEN_GAP_S = 0.02
 # A longer answer than this is produced at full speed: only the slow-reader
@@ -95,8 +112,15 @@ def _usage(tokens: int) -> bytes:
 
 class MisbehavingServer:
     def __init__(self, mode: Mode, silence_s: float = 3.0, resume: Resume | None = None,
-                 max_tokens: int = 20000) -> None:
+                 max_tokens: int = 20000, *, pause_s: float = 0.0, ping_s: float | None = None,
+                 role: bool = True, finish: bool = True, tools: Tools | None = None,
+                 slots: int | None = None, metrics: bool = True, turns: bool = False,
+                 hostile: Hostile | None = None) -> None:
         self.mode = mode
+        self.pause_s, self.ping_s, self.role, self.finish = pause_s, ping_s, role, finish
+        self.tools, self.hostile = tools, hostile
+        self.slots = asyncio.Semaphore(slots) if slots else None
+        self.turns = asyncio.Lock() if turns else None
         self.max_tokens = max_tokens  # the longest answer it gives
         self.silence_s = silence_s
         self.resume = resume
@@ -107,8 +131,9 @@ class MisbehavingServer:
         routes = [
             Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/metrics", self.metrics),
         ]
+        if metrics:
+            routes.append(Route("/metrics", self.metrics))
         if resume is not None:
             routes += [Route("/v1/streams", self.create_stream, methods=["POST"]),
                        Route("/v1/streams/{sid}/events", self.stream_events)]
@@ -123,23 +148,65 @@ class MisbehavingServer:
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{model_name="{MODEL}"}} {self.running}\n')
 
-    async def generate(self, count: int, prefill_s: float, out: asyncio.Queue[bytes | None]
-                       ) -> None:
+    async def generate(self, count: int, prefill_s: float, out: asyncio.Queue[bytes | None],
+                       tools: bool = False) -> None:
         """The model: `count` tokens into `out`; a bounded `out` makes it wait
-        for its reader (backpressure), an unbounded one never does."""
-        self.running += 1
+        for its reader (backpressure), an unbounded one never does. With
+        `slots`, it first waits for a free one, and holds it to its end."""
+        async with self.slots or contextlib.nullcontext():
+            self.running += 1
+            try:
+                await asyncio.sleep(prefill_s)
+                if tools:
+                    for delta in self.tool_deltas():
+                        await out.put(_chunk(delta))
+                        await asyncio.sleep(TOKEN_GAP_S)
+                    await out.put(_chunk({}, "tool_calls" if self.finish else None))
+                    await out.put(None)
+                    return
+                await self.tokens(count, out)
+                await out.put(_chunk({}, "length" if self.finish else None))
+                await out.put(None)
+            finally:
+                self.running -= 1
+
+    async def tokens(self, count: int, out: asyncio.Queue[bytes | None]) -> None:
         gap = 0.0 if count > FAST_ABOVE_TOKENS else TOKEN_GAP_S
-        try:
-            await asyncio.sleep(prefill_s)
-            for i in range(count):
-                await out.put(_chunk({"content": f"t{i} "}))
+        for i in range(count):
+            if i == PAUSE_AFTER and self.pause_s:
+                await asyncio.sleep(self.pause_s)  # thinking, with nothing to show
+            if self.turns is not None and i % TURN_TOKENS == 0:
+                async with self.turns:  # the others wait for this stream's turn to end
+                    for j in range(i, min(i + TURN_TOKENS, count)):
+                        await out.put(self.token(j))
+                        await asyncio.sleep(gap)
+            elif self.turns is None:
+                await out.put(self.token(i))
                 await asyncio.sleep(gap)
-            await out.put(_chunk({}, "length"))
-            await out.put(None)
-        finally:
-            self.running -= 1
+
+    def token(self, i: int) -> bytes:
+        delta = {"content": f"t{i} "}
+        if i == 0 and self.role:
+            delta = {"role": "assistant", **delta}
+        return _chunk(delta)
+
+    def tool_deltas(self) -> list[dict[str, Any]]:
+        """One get_weather call, its arguments in three fragments."""
+        fragments = ['{"city": ', '"Par', 'is"}']
+        if self.tools == "good":
+            first = {"index": 0, "id": "call_0", "type": "function",
+                     "function": {"name": "get_weather", "arguments": ""}}
+            rest = [{"index": 0, "function": {"arguments": f}} for f in fragments]
+            return [{"role": "assistant", "tool_calls": [d]} for d in [first, *rest]]
+        # No index, and the id and name on every delta: what the SDKs read as
+        # one call named get_weatherget_weatherget_weather.
+        return [{"role": "assistant", "tool_calls": [{
+            "id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": f}}]} for f in fragments]
 
     async def chat(self, request: Request) -> Response:
+        if self.hostile is not None:
+            return await self.hostile_answer()
         try:
             body = json.loads(await request.body())
         except ValueError:
@@ -154,7 +221,8 @@ class MisbehavingServer:
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(
             0 if self.mode == "grow" else QUEUE_MAX)
-        task = asyncio.create_task(self.generate(count, prefill_s, queue))
+        tools = bool(body.get("tools")) and self.tools is not None
+        task = asyncio.create_task(self.generate(count, prefill_s, queue, tools))
         # Held until it ends: the loop keeps only a weak reference, and a leaked
         # generation collected mid-run would end (its `finally`) like a stopped one.
         self.tasks.add(task)
@@ -162,7 +230,14 @@ class MisbehavingServer:
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                while (item := await queue.get()) is not None:
+                while True:
+                    try:
+                        item = await asyncio.wait_for(queue.get(), self.ping_s)
+                    except TimeoutError:
+                        yield b": ping\n\n"  # nothing to send: keep the hops awake
+                        continue
+                    if item is None:
+                        break
                     yield item
                 if usage:
                     yield _usage(count)
@@ -176,6 +251,36 @@ class MisbehavingServer:
             return Response(whole, media_type="text/event-stream")
         return StreamingResponse(events(), media_type="text/event-stream")
 
+
+    async def hostile_answer(self) -> Response:
+        if self.hostile == "noheaders":
+            await asyncio.sleep(3600)  # the request is read; no answer ever comes
+
+        async def endless() -> AsyncIterator[bytes]:
+            for i in itertools.count():
+                yield _chunk({"content": f"t{i} "})
+                await asyncio.sleep(0.01)
+
+        async def huge_line() -> AsyncIterator[bytes]:
+            yield b"data: "
+            block = b"x" * 65536
+            for _ in range(HUGE_LINE // len(block)):
+                yield block
+            await asyncio.sleep(3600)  # and the line never ends
+
+        async def bad_utf8() -> AsyncIterator[bytes]:
+            yield _chunk({"role": "assistant", "content": "ok "})
+            for _ in range(5):
+                yield b'data: {"id": "x", "object": "chat.completion.chunk", "choices": [' \
+                      b'{"index": 0, "delta": {"content": "\xff\xfe\xc3"}, ' \
+                      b'"finish_reason": null}]}\n\n'
+                await asyncio.sleep(TOKEN_GAP_S)
+            yield _chunk({}, "stop")
+            yield b"data: [DONE]\n\n"
+
+        body = {"endless": endless, "hugeline": huge_line, "badutf8": bad_utf8}[
+            str(self.hostile)]()
+        return StreamingResponse(body, media_type="text/event-stream")
 
     # ---- the resumable surface ------------------------------------------------------
 

@@ -16,8 +16,7 @@ import json
 
 import httpx
 
-from services.client.openai_stream import stream_chat
-from streamlab.experiments.check.target import CheckTarget
+from streamlab.experiments.check.registry import Session, check, streams_budget
 from streamlab.experiments.check.verdict import judged
 from streamlab.experiments.report import JSON, Check, Report
 
@@ -53,11 +52,17 @@ def error_shape(body: bytes) -> bool:
             and isinstance(error.get("type"), str | None))
 
 
-async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+FRAMING = "events parse (WHATWG), [DONE] ends the stream, usage on the last chunk"
+ERRORS = "malformed requests get a 4xx with OpenAI's error object"
+
+
+@check("framing", FRAMING, headline=("events", "tokens"), budget_s=streams_budget())
+async def stream_framing(session: Session) -> Report:
+    target = session.target
     body = target.body("Say hello in five words.", max_tokens=16,
                        lab={"prefill_ms": 0, "token_gap_ms": 5, "answer_tokens": 8},
                        stream_options={"include_usage": True})
-    record = await stream_chat(client, target.chat_url, body, headers=target.headers())
+    record = await session.stream(body)
     usage = (record.last_chunk or {}).get("usage")
     figures = {
         "status": record.status, "events": record.events, "tokens": record.token_chunks,
@@ -65,8 +70,7 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
         "usage_on_last": isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int),
         "transport_error": record.error_text or None,
     }
-    return judged("framing", "events parse (WHATWG), [DONE] ends the stream, usage on the "
-                  "last chunk", figures, (
+    return judged("framing", FRAMING, figures, (
         Check("status", "==", 200, "the stream request was refused: check --model and the key"),
         Check("not_json", "==", 0, "an event's data is not JSON: an SDK raises on it; send one "
                                    "JSON chunk per `data:` line and a blank line after each"),
@@ -77,7 +81,10 @@ async def stream_framing(client: httpx.AsyncClient, target: CheckTarget) -> Repo
     ))
 
 
-async def error_framing(shared: httpx.AsyncClient, target: CheckTarget) -> Report:
+@check("errors", ERRORS, headline=("bad_requests", "answered_5xx"),
+       budget_s=lambda target: 7 * target.timeout_s)
+async def error_framing(session: Session) -> Report:
+    target, shared = session.target, session.client
     headers = {**target.headers(), "Content-Type": "application/json"}
     statuses: dict[str, int] = {}
     shapes: dict[str, bool] = {}
@@ -105,8 +112,7 @@ async def error_framing(shared: httpx.AsyncClient, target: CheckTarget) -> Repor
         "error_object": all(shapes.values()),
         "first_bad_shape": next((n for n, ok in shapes.items() if not ok), None),
     }
-    return judged("errors", "malformed requests get a 4xx with OpenAI's error object",
-                  figures, (
+    return judged("errors", ERRORS, figures, (
         Check("answered_5xx", "==", 0, "validate the request before starting the generation "
                                        "and answer 400/422; a 5xx makes clients retry"),
         Check("not_4xx", "==", 0, "a malformed request must get a 4xx"),

@@ -66,9 +66,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 @contextlib.asynccontextmanager
-async def idle_cut_relay(host: str, port: int, idle_s: float) -> AsyncIterator[int]:
+async def idle_cut_relay(host: str, port: int, idle_s: float | None) -> AsyncIterator[int]:
     """A relay on a free local port to host:port that cuts a connection (both
-    ways) after `idle_s` with no byte from the server; yields its port."""
+    ways) after `idle_s` with no byte from the server (never, with None: a
+    plain relay); yields its port."""
     tasks: set[asyncio.Task[None]] = set()
 
     async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:

@@ -27,6 +27,7 @@ from urllib.parse import urljoin
 
 import httpx
 
+from streamlab.experiments.check.registry import Session, check, streams_budget
 from streamlab.experiments.check.target import CheckTarget, Needs
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import JSON, Check, Figure, Report
@@ -164,7 +165,9 @@ async def responses_surface(client: httpx.AsyncClient, target: CheckTarget
             "responses_exactly_once": result["exactly_once"] and ended}, ""
 
 
-async def resume(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+@check("resume", STORY, headline=("surfaces",), budget_s=streams_budget(6))
+async def resume(session: Session) -> Report:
+    client, target = session.client, session.target
     figures: dict[str, Figure] = {}
     checks: list[Check] = []
     why_not: list[str] = []

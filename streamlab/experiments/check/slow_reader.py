@@ -33,8 +33,10 @@ import anyio
 import httpcore
 import httpx
 
-from services.client.openai_stream import StreamResult, stream_chat
-from streamlab.experiments.check.cancel import read_gauge, running_gauge, settled
+from services.client.openai_stream import StreamResult
+from streamlab.experiments.check.cancel import running_gauge, settled
+from streamlab.experiments.check.metrics import read_gauge
+from streamlab.experiments.check.registry import Session, check
 from streamlab.experiments.check.target import CheckTarget, Needs
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import JSON, Check, Figure, Report
@@ -46,7 +48,6 @@ READ_BEFORE = 5  # tokens read before the reader stops
 # send buffer autotuned from its congestion window (at most 2 × the segments in
 # flight, so a few hundred KB), and the server's own write buffer (asyncio's
 # 64 KiB): well under MIN_ANSWER_BYTES, and the answer is twice that.
-ANSWER_TOKENS = 12000
 MIN_ANSWER_BYTES = 1 << 20
 MIN_PAUSE_S = 3.0
 MAX_UNIMPEDED_S = 10.0  # an answer slower than this needs too long a pause to judge
@@ -134,9 +135,9 @@ def reader_transport() -> httpx.AsyncHTTPTransport:
 
 
 def long_body(target: CheckTarget) -> dict[str, JSON]:
-    return target.body(f"Count from 1 to {ANSWER_TOKENS}, one number per line.",
-                       max_tokens=ANSWER_TOKENS,
-                       lab={"prefill_ms": 0, "token_gap_ms": 0, "answer_tokens": ANSWER_TOKENS})
+    tokens = target.answer_tokens
+    return target.body(f"Count from 1 to {tokens}, one number per line.", max_tokens=tokens,
+                       lab={"prefill_ms": 0, "token_gap_ms": 0, "answer_tokens": tokens})
 
 
 def behaviour(record: StreamResult, running_before: float, running_at_end: float | None) -> str:
@@ -148,18 +149,22 @@ def behaviour(record: StreamResult, running_before: float, running_at_end: float
     return "buffered"
 
 
-async def slow_reader(metrics: httpx.AsyncClient, target: CheckTarget) -> Report:
-    name, now, why = await running_gauge(metrics, target)
-    if name is None or target.metrics_url is None:
-        return not_applicable("slow-reader", STORY, why)
+@check("slow-reader", STORY, headline=("behaviour", "answer_bytes"),
+       budget_s=lambda target: 2 * target.stream_deadline_s + 2 * MAX_UNIMPEDED_S + 30.0)
+async def slow_reader(session: Session) -> Report:
+    metrics, target = session.client, session.target
+    source, why = await running_gauge(session)
+    if source is None:
+        return not_applicable("slow-reader", STORY, f"not observable: {why}")
+    name = source.name
     straight = target.direct()
     timeout = httpx.Timeout(target.timeout_s, connect=10.0)
     # A client, so a connection, for each read: the straight read grows its
     # connection's congestion window, and with it the server's autotuned send
     # buffer, to megabytes; the stalled read must start from a fresh one.
     async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
-        whole = await stream_chat(client, straight.chat_url, long_body(straight),
-                                  headers=straight.headers())
+        whole = await session.stream(long_body(straight), target=straight, client=client,
+                                     deadline_s=3 * MAX_UNIMPEDED_S)
     answer_bytes = sum(n for _, n in whole.reads)
     figures: dict[str, Figure] = {
         "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
@@ -175,19 +180,17 @@ async def slow_reader(metrics: httpx.AsyncClient, target: CheckTarget) -> Report
         return not_applicable("slow-reader", STORY, f"the answer takes {whole.total_s:.3g} "
                               "s unimpeded: too long a pause to outlast it", figures)
     pause_s = max(MIN_PAUSE_S, 2 * whole.total_s)
-    before = await settled(metrics, target.metrics_url, name, now)
-    metrics_url = target.metrics_url
+    before = await settled(session, source, await read_gauge(metrics, source) or 0.0)
     at_end: float | None = None
 
     async def hold_off() -> None:  # read nothing; what does the server do meanwhile?
         nonlocal at_end
         await anyio.sleep(pause_s)
-        at_end = await read_gauge(metrics, metrics_url, name)
+        at_end = await read_gauge(metrics, source)
 
     async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
-        stalled = await stream_chat(client, straight.chat_url, long_body(straight),
-                                    headers=straight.headers(),
-                                    pause_after_tokens=READ_BEFORE, pause=hold_off)
+        stalled = await session.stream(long_body(straight), target=straight, client=client,
+                                       pause_after_tokens=READ_BEFORE, pause=hold_off)
     if stalled.paused_at_s is None:
         return not_applicable("slow-reader", STORY, f"the stream ended before {READ_BEFORE} "
                               f"tokens ({stalled.error_text}): nothing to stop reading", figures)

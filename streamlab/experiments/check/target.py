@@ -9,9 +9,10 @@ Some checks need something a foreign server may not give; each names it
                 server a long prompt is the only lever, and a fast server may
                 answer too soon for a heartbeat to be needed (n/a, not fail).
     metrics     a Prometheus /metrics with a gauge of running generations whose
-                name is known (KNOWN_RUNNING_GAUGES); without one, whether a
-                generation stops when its client leaves, or waits for a reader
-                that stopped, is not observable.
+                name is known (KNOWN_RUNNING_GAUGES, or --running-gauge); found
+                at the server's root when not given (metrics.py). Without one
+                the cancel check feels for leftover generations by timing
+                (a fresh stream waits behind them on a server with few slots).
     long        an answer of megabytes: a shorter one fits the transport's
                 buffers whole, so a stopped reader cannot be felt by the server.
     resumable   a surface that resumes a stream: `POST /streams` whose events
@@ -20,15 +21,19 @@ Some checks need something a foreign server may not give; each names it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
 from streamlab.experiments.report import JSON
 
-# Gauges of generations running now, by server: the name and what it is.
+# Gauges of generations running now, by server: the name and what it is (each
+# read from the server's own metrics code or docs, 2026-12).
 KNOWN_RUNNING_GAUGES: dict[str, str] = {
-    "vllm:num_requests_running": "vLLM's requests running on the GPU",
+    "vllm:num_requests_running": "vLLM's requests running on the GPU (also llm-d's simulator)",
+    "sglang:num_running_reqs": "SGLang's running requests",
+    "llamacpp:requests_processing": "llama.cpp's server: requests processing (--metrics)",
+    "tgi_batch_current_size": "TGI's current batch size",
     "streamlab_engine_running": "the lab engine's generations holding a slot",
 }
 
@@ -46,12 +51,21 @@ class CheckTarget:
     model: str
     api_key: str | None = None
     metrics_url: str | None = None  # a Prometheus /metrics of the server behind the URL
+    running_gauge: str | None = None  # a gauge of running generations KNOWN_RUNNING_GAUGES lacks
     lab_knobs: bool = False  # the server takes the lab's `streamlab` request object
     silence_s: float = 25.0  # the silence to ask a streamlab gateway for before the first token
     idle_cut_s: float = 20.0  # the idle cut a heartbeat must beat (a proxy's read timeout)
     streams: int = 8  # concurrency check: streams at once
     stop_within_s: float = 5.0  # cancel check: the generation stops within this
     timeout_s: float = 60.0  # every request's read timeout: no check hangs
+    stream_deadline_s: float = 120.0  # no stream is read for longer (an answer that never ends)
+    # Levers for a real server: merged into every request (ignore_eos, min_tokens,
+    # chat_template_kwargs, ...), the long prompt's length for a prefill (silence),
+    # and the long answer's length (cancel, slow reader): a 4k-context model needs less.
+    extra_body: dict[str, JSON] = field(default_factory=dict)
+    prompt_words: int = 3000
+    answer_tokens: int = 12000
+    leave_streams: int = 2  # cancel by timing: streams left at once
     # The URL as given, when base_url is a hop in front of it (via()): the
     # slow-reader check goes straight there, a hop's buffers would hide the server.
     origin_url: str | None = None
@@ -101,7 +115,18 @@ class CheckTarget:
         """A streamed chat request; `lab` (the fake model's timing) is sent only
         to a target that takes the lab's knobs."""
         out: dict[str, JSON] = {"model": self.model, "stream": True, "max_tokens": max_tokens,
-                                  "messages": [{"role": "user", "content": content}], **extra}
+                                  "messages": [{"role": "user", "content": content}],
+                                  **self.extra_body, **extra}
         if lab and self.lab_knobs:
             out["streamlab"] = lab
         return out
+
+    def long_prompt(self, task: str) -> str:
+        """`task` over `prompt_words` words of notes: a prefill the server must do."""
+        return task + " " + " ".join(f"note{i % 97}" for i in range(self.prompt_words))
+
+    @property
+    def root_url(self) -> str:
+        """scheme://host:port of the base URL: where servers serve /metrics."""
+        parts = urlsplit(self.base_url)
+        return urlunsplit((parts.scheme, parts.netloc, "", "", ""))

@@ -12,10 +12,7 @@ enough tokens to have arrived apart.
 
 from __future__ import annotations
 
-import httpx
-
-from services.client.openai_stream import stream_chat
-from streamlab.experiments.check.target import CheckTarget
+from streamlab.experiments.check.registry import Session, check, streams_budget
 from streamlab.experiments.check.verdict import judged, not_applicable
 from streamlab.experiments.report import Check, Report
 
@@ -25,10 +22,12 @@ PREFILL_MS = 1000  # on a lab gateway: the silence to ask for
 STORY = "headers before the first token, tokens as they are made"
 
 
-async def first_byte(client: httpx.AsyncClient, target: CheckTarget) -> Report:
+@check("first-byte", STORY, headline=("ttfb_s", "ttft_s"), budget_s=streams_budget())
+async def first_byte(session: Session) -> Report:
+    target = session.target
     body = target.body("Write one sentence about rivers, then stop.", max_tokens=32,
                        lab={"prefill_ms": PREFILL_MS, "token_gap_ms": 20, "answer_tokens": 20})
-    record = await stream_chat(client, target.chat_url, body, headers=target.headers())
+    record = await session.stream(body)
     ttfb, ttft = record.headers_s, record.first_token_s
     figures = {"ttfb_s": ttfb, "ttft_s": ttft, "tokens": record.token_chunks,
                "token_reads": len(record.token_reads),

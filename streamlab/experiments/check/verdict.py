@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
+from streamlab.experiments.check.registry import REGISTRY
 from streamlab.experiments.render import cell
-from streamlab.experiments.report import Check, Figure, Report, Table, judge
+from streamlab.experiments.report import JSON, Check, Figure, Report, Table, judge
 
 Verdict = Literal["pass", "fail", "n/a", "error"]
 EXPERIMENT = "check"
+# The --json document's shape: raised when a field changes meaning or goes.
+SCHEMA = "streamlab.check/2"
 
 # Exit statuses of `streamlab check`.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -66,19 +69,13 @@ def line(part: Report) -> str:
     return out + (f": {detail}" if detail else "") + (f" — {remedy}" if remedy else "")
 
 
-# The figures each check's row shows (all of them are in --json and the JUnit).
-HEADLINE: dict[str, tuple[str, ...]] = {
-    "framing": ("events", "tokens"), "errors": ("bad_requests", "answered_5xx"),
-    "first-byte": ("ttfb_s", "ttft_s"), "heartbeat": ("longest_silence_s", "comments"),
-    "idle-cut": ("reached_done",), "cancel": ("gauge", "stopped_after_s"),
-    "slow-reader": ("behaviour", "answer_bytes"), "resume": ("surfaces",),
-    "concurrency": ("streams", "gap_p50_s", "gap_p99_s"),
-}
-
-
 def headline(part: Report) -> str:
-    return ", ".join(f"{name} {cell(part.figures[name])}"
-                     for name in HEADLINE.get(part.variant, ()) if name in part.figures)
+    """The figures the check's row shows (registry.CheckSpec.headline; all of
+    them are in --json and the JUnit)."""
+    spec = REGISTRY.get(part.variant)
+    names = spec.headline if spec is not None else ()
+    return ", ".join(f"{name} {cell(part.figures[name])}" for name in names
+                     if name in part.figures)
 
 
 def table(parts: Iterable[Report]) -> Table:
@@ -91,3 +88,24 @@ def table(parts: Iterable[Report]) -> Table:
 def exit_status(report: Report) -> int:
     """0 when every check passed or is n/a, 1 when one failed or errored."""
     return EXIT_OK if all(verdict(p) in ("pass", "n/a") for p in report.parts) else EXIT_FAILED
+
+
+def document(report: Report | None, *, url: str, model: str = "",
+             error: tuple[str, str] | None = None) -> dict[str, JSON]:
+    """What `streamlab check --json` prints, whatever happened: every check with
+    its verdict in the words the text uses, its evidence and fix, its figures;
+    or the error (kind, message) that kept the checks from running."""
+    checks: list[JSON] = []
+    for part in report.parts if report is not None else ():
+        checks.append({
+            "name": part.variant, "verdict": verdict(part), "story": part.story,
+            "evidence": evidence(part) if verdict(part) != "pass" else "",
+            "fix": fix(part) if verdict(part) == "fail" else "",
+            "figures": dict(part.figures), "checks": [c.as_json() for c in part.checks]})
+    exit_code = (EXIT_USAGE if error and error[0] == "usage" else
+                 EXIT_UNREACHABLE if error else exit_status(report) if report else EXIT_FAILED)
+    counts = {v: sum(c["verdict"] == v for c in checks if isinstance(c, dict))
+              for v in ("pass", "fail", "n/a", "error")}
+    return {"schema": SCHEMA, "url": url, "model": model, "exit_status": exit_code,
+            "summary": dict(counts), "checks": checks,
+            "error": {"kind": error[0], "message": error[1]} if error else None}

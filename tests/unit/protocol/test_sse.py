@@ -60,3 +60,13 @@ def test_encode_then_parse_at_any_byte_boundaries_round_trips(
     points = sorted({c % (len(raw) + 1) for c in cuts})
     chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     assert parse(*chunks) == events
+
+
+def test_pending_chars_counts_an_event_not_yet_complete() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"data: " + b"x" * 1000)
+    assert decoder.pending_chars == 1006  # the unfinished line
+    decoder.feed(b"\ndata: yy\n")
+    assert decoder.pending_chars == 1002  # two data lines, no blank line yet
+    decoder.feed(b"\n")
+    assert decoder.pending_chars == 0

@@ -8,13 +8,14 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from services.client.openai_stream import StreamResult
-from streamlab.experiments.check.cancel import gauge
 from streamlab.experiments.check.framing import error_shape
 from streamlab.experiments.check.junit import junit_xml
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import (
     EXIT_FAILED,
     EXIT_OK,
+    SCHEMA,
+    document,
     errored,
     exit_status,
     judged,
@@ -78,18 +79,6 @@ def test_junit_escapes_what_the_server_sent() -> None:
     assert "<&\"'>" in failure.get("message", "")
 
 
-def test_gauge_sums_every_label_set_and_knows_absence() -> None:
-    text = ("# HELP vllm:num_requests_running running\n"
-            "# TYPE vllm:num_requests_running gauge\n"
-            'vllm:num_requests_running{model_name="a"} 2.0\n'
-            'vllm:num_requests_running{model_name="b"} 1\n'
-            "vllm:num_requests_running_total 9\n"
-            "streamlab_engine_running 0\n")
-    assert gauge(text, "vllm:num_requests_running") == 3.0
-    assert gauge(text, "streamlab_engine_running") == 0.0
-    assert gauge(text, "sglang:num_running_reqs") is None
-
-
 @pytest.mark.parametrize(("body", "ok"), [
     (b'{"error": {"message": "bad", "type": "invalid_request_error"}}', True),
     (b'{"error": {"message": "bad", "type": null}}', True),
@@ -118,3 +107,31 @@ def test_the_target_reached_through_a_hop_keeps_its_path() -> None:
     assert "streamlab" not in target.body("hi", max_tokens=1, lab={"prefill_ms": 1})
     with pytest.raises(ValueError, match="not an http"):
         CheckTarget("ftp://x/v1", "m")
+
+
+def test_silence_is_judged_wherever_it_falls_in_the_answer() -> None:
+    # Tokens at 0.2 .. 0.4 s, then 4 s with no byte, then the rest.
+    record = StreamResult(headers_s=0.05, token_reads=[0.2, 0.3, 0.4, 4.4, 4.5],
+                          reads=[(0.2, 9), (0.3, 9), (0.4, 9), (4.4, 9), (4.5, 9)], total_s=4.5)
+    assert record.longest_byte_gap == pytest.approx((4.0, 0.4))
+    assert record.longest_wait_for_token == pytest.approx((4.0, 0.4))
+    # The same pause with a ping every second: the wait stays, the silence goes.
+    pinged = StreamResult(headers_s=0.05, token_reads=[0.2, 4.4],
+                          reads=[(0.2, 9), (1.4, 8), (2.4, 8), (3.4, 8), (4.4, 9)], total_s=4.4)
+    assert pinged.longest_wait_for_token == pytest.approx((4.2, 0.2))
+    assert pinged.longest_byte_gap == pytest.approx((1.2, 0.2))
+    assert StreamResult().longest_byte_gap is None
+
+
+def test_the_json_document_speaks_the_texts_verdicts() -> None:
+    report = Report("check", "http://x/v1", parts=(HOLDS, FAILS, NA))
+    doc = document(report, url="http://x/v1", model="m")
+    assert doc["schema"] == SCHEMA
+    assert [(c["name"], c["verdict"]) for c in doc["checks"]] == [  # type: ignore[index,union-attr]
+        ("framing", "pass"), ("heartbeat", "fail"), ("cancel", "n/a")]
+    assert doc["exit_status"] == EXIT_FAILED
+    assert doc["summary"] == {"pass": 1, "fail": 1, "n/a": 1, "error": 0}
+    unreachable = document(None, url="http://x/v1", error=("unreachable", "nothing answers"))
+    assert unreachable["exit_status"] == 3
+    assert unreachable["checks"] == []
+    assert unreachable["error"] == {"kind": "unreachable", "message": "nothing answers"}

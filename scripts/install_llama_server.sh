@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs a real llama.cpp server for the `streamlab check` tests to run
+# against (tests/integration/llama_server.py), into the lab's .venv:
+#
+#   llama-cpp-python[server]  llama.cpp's Python bindings and their
+#                             OpenAI-compatible server (`python -m
+#                             llama_cpp.server`); PyPI has only its sdist, so
+#                             llama.cpp is compiled here, for the CPU
+#   gguf                      writes the tests' tiny model (random weights, a
+#                             tokenizer of its own): nothing comes from a hub
+#
+# The first run compiles llama.cpp (~9 minutes on 2 cores) into a wheel kept
+# under ${XDG_CACHE_HOME:-~/.cache}/streamlab/wheels; a later run installs that
+# wheel in seconds, and one that finds both pinned versions installed does
+# nothing. The build is portable across x86-64 CPUs with AVX2 (GGML_NATIVE=OFF:
+# a cached wheel must not carry this CPU's extensions to another machine), and
+# leaves out mtmd (the multimodal library, which the server loads only for
+# image models). Not part of scripts/install.sh: without it the llama tests
+# skip, saying how to install it. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+GGUF_VERSION=0.19.0
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/streamlab/wheels"
+
+if [ ! -x .venv/bin/python ]; then
+  echo "no .venv: run scripts/install.sh first" >&2
+  exit 1
+fi
+wanted=("llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" "gguf==$GGUF_VERSION")
+# Already there at the pinned versions: nothing to build or ask the index.
+if .venv/bin/python -c '
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    sys.exit(any(version(n) != v for n, _, v in (w.partition("==") for w in sys.argv[1:])))
+except PackageNotFoundError:
+    sys.exit(1)' "${wanted[@]}"; then
+  exit 0
+fi
+
+mkdir -p "$WHEELS"
+if ! compgen -G "$WHEELS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION-*.whl" >/dev/null; then
+  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (compiles llama.cpp for the CPU:" \
+       "minutes; the wheel is kept in $WHEELS)" >&2
+  started=$SECONDS
+  # Two compile jobs at most: the machine's other work keeps running.
+  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
+-DGGML_VULKAN=OFF -DGGML_BLAS=OFF" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+      .venv/bin/python -m pip wheel -q --no-deps --wheel-dir "$WHEELS" \
+      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"; then
+    echo "building llama-cpp-python failed: the llama server tests will skip" >&2
+    exit 1
+  fi
+  echo "llama-cpp-python built in $((SECONDS - started)) s" >&2
+fi
+# The cached wheel, never the sdist (--only-binary); its dependencies and the
+# server extra's from the index, as usual.
+if ! .venv/bin/python -m pip install -q --find-links "$WHEELS" \
+    --only-binary llama-cpp-python "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION" \
+    "gguf==$GGUF_VERSION"; then
+  echo "installing ${wanted[*]} failed: the llama server tests will skip" >&2
+  exit 1
+fi
