@@ -19,6 +19,7 @@ error with its own code.
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import time
@@ -75,6 +76,7 @@ class StreamResult:
     first_delta: dict[str, Any] | None = None  # the first choice's first delta
     last_choice_chunk: dict[str, Any] | None = None  # the last chunk with a choice in it
     usage_chunks: int = 0  # chunks that carried `usage`
+    invalid_utf8: int = 0  # reads with bytes that are not UTF-8 (the decoder shows U+FFFD)
     tool_deltas: list[dict[str, Any]] = field(default_factory=list)  # each tool_calls entry
     reasoning_fields: set[str] = field(default_factory=set)  # reasoning_content / reasoning
 
@@ -195,6 +197,7 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                 pause_after_tokens: int | None, pause: Callable[[], Awaitable[None]] | None,
                 max_event_chars: int) -> None:
     decoder = SSEDecoder()
+    strict = codecs.getincrementaldecoder("utf-8")()  # only to notice bytes that are not UTF-8
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -218,6 +221,11 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     result.first_byte_s = now
                 result.bytes_down = response.num_bytes_downloaded
                 result.reads.append((now, len(chunk)))
+                try:
+                    strict.decode(chunk)
+                except UnicodeDecodeError:
+                    result.invalid_utf8 += 1
+                    strict.reset()
                 token_here = False
                 for item in decoder.feed(chunk):
                     if isinstance(item, Comment):

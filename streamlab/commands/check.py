@@ -133,6 +133,9 @@ def check_command(
              "server's slots).", min=1)] = 2,
     stream_deadline_s: Annotated[float, typer.Option(
         help="No stream is read for longer than this (an answer that never ends).")] = 120.0,
+    timeout_s: Annotated[float, typer.Option(
+        help="Each request's read timeout: no byte (headers included) for this long is an "
+             "error.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     junit: Annotated[Path | None, typer.Option(
         help="Also write JUnit XML here: one testcase per check.")] = None,
@@ -164,7 +167,7 @@ def check_command(
                              idle_cut_s=idle_cut_s, streams=streams,
                              extra_body=parse_extra_body(extra_body), prompt_words=prompt_words,
                              answer_tokens=answer_tokens, leave_streams=leave_streams,
-                             stream_deadline_s=stream_deadline_s)
+                             stream_deadline_s=stream_deadline_s, timeout_s=timeout_s)
     except ValueError as exc:
         fail("usage", str(exc), EXIT_USAGE)
         return

@@ -9,6 +9,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -18,21 +19,34 @@ from streamlab.experiments.check.verdict import line, table, verdict
 from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 from streamlab.lab.target import LabTarget
-from tests.integration.check_servers import MODEL, MisbehavingServer, Resume, keep, serve
+from tests.integration.check_servers import (
+    MODEL,
+    PAUSE_AFTER,
+    MisbehavingServer,
+    Resume,
+    keep,
+    serve,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 # Short enough for a test, and long against the lab's test heartbeat (0.5 s).
 SILENCE_S, IDLE_CUT_S = 3.0, 1.5
+# Paced long answers (the test servers pace up to 4,000 tokens, 20 ms apart:
+# 20 s), so a generation left running outlasts the time the check gives the
+# server to stop it; a longer one is made at full speed (the slow reader's).
+PACED_ANSWER = 1000
 
 
 def verdicts(report: Report) -> dict[str, str]:
     return {part.variant: verdict(part) for part in report.parts}
 
 
-def target(url: str, model: str = MODEL, metrics_url: str | None = None) -> CheckTarget:
+def target(url: str, model: str = MODEL, metrics_url: str | None = None,
+           answer_tokens: int = 12000) -> CheckTarget:
     return CheckTarget(url, model, metrics_url=metrics_url, silence_s=SILENCE_S,
-                       idle_cut_s=IDLE_CUT_S, streams=6, stop_within_s=2.0, timeout_s=20.0)
+                       idle_cut_s=IDLE_CUT_S, streams=6, stop_within_s=2.0, timeout_s=20.0,
+                       answer_tokens=answer_tokens)
 
 
 def part(report: Report, name: str) -> Report:
@@ -93,7 +107,8 @@ async def test_a_server_without_heartbeat_is_flagged_by_heartbeat_and_idle_cut()
 async def test_a_server_that_generates_for_nobody_is_flagged_by_cancel() -> None:
     server = MisbehavingServer("leak")
     with serve(server) as url:
-        report = await check_url(target(url, metrics_url=url.removesuffix("/v1") + "/metrics"))
+        report = await check_url(target(url, metrics_url=url.removesuffix("/v1") + "/metrics",
+                                        answer_tokens=PACED_ANSWER))
     got = verdicts(report)
     assert got["cancel"] == "fail", explained(report)
     assert {got[n] for n in ("framing", "errors", "first-byte", "concurrency")} == {"pass"}, \
@@ -121,14 +136,14 @@ async def test_a_server_that_buffers_for_a_stopped_reader_is_flagged_by_slow_rea
     assert good.figures["answer_bytes"] == bad.figures["answer_bytes"]
 
 
-@pytest.mark.slow  # 40 s on 2 cores: `make test-slow`
 async def test_an_answer_the_buffers_hold_whole_cannot_judge_a_slow_reader() -> None:
-    with serve(MisbehavingServer("grow", max_tokens=2000)) as url:
-        report = await check_url(target(url, metrics_url=metrics_of(url)), only=("slow-reader",))
+    # --answer-tokens 5000: ~0.9 MB, made at full speed, under what a path can hold.
+    with serve(MisbehavingServer("grow")) as url:
+        report = await check_url(target(url, answer_tokens=5000), only=("slow-reader",))
     (only,) = report.parts
     assert verdict(only) == "n/a", explained(report)
     assert only.reason.startswith("needs long: the whole answer (")
-    assert only.figures["answer_tokens"] == 2000
+    assert only.figures["answer_tokens"] == 5000
 
 
 @pytest.mark.parametrize(("resume", "duplicates", "missing"),
@@ -156,12 +171,42 @@ async def test_a_resume_after_the_last_id_passes_and_no_surface_is_na() -> None:
     assert na.reason.startswith("needs resumable: streams: POST /streams answered 404")
 
 
-async def test_without_metrics_the_cancel_check_says_not_observable() -> None:
+async def test_the_running_gauge_is_found_at_the_servers_root() -> None:
     with serve(MisbehavingServer("leak")) as url:
-        report = await check_url(target(url), only=("cancel",))
+        report = await check_url(target(url, answer_tokens=PACED_ANSWER),  # no metrics_url
+                                 only=("cancel",))
     (part,) = report.parts
-    assert verdict(part) == "n/a"
-    assert "not observable" in part.reason
+    assert verdict(part) == "fail", explained(report)
+    assert part.figures["observed_by"] == "metrics (vllm:num_requests_running)"
+    assert part.figures["metrics_found"] is True
+    assert part.figures["metrics_url"] == url.removesuffix("/v1") + "/metrics"
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("leak", "fail"), ("good", "pass")])
+async def test_without_metrics_cancel_is_felt_by_timing_on_a_server_with_one_slot(
+        mode: Literal["leak", "good"], shown: str) -> None:
+    # One slot, as an engine whose batch is full: a fresh request waits behind
+    # a generation its client left unless the server stops it.
+    with serve(MisbehavingServer(mode, slots=1, metrics=False)) as url:
+        report = await check_url(target(url, answer_tokens=PACED_ANSWER), only=("cancel",))
+    (part,) = report.parts
+    assert verdict(part) == shown, explained(report)
+    assert part.figures["observed_by"] == "timing (no running gauge)"
+    assert part.figures["ttft_beside_s"] is None  # the control: it waited beside them
+    if shown == "fail":
+        assert part.figures["stopped_after_s"] is None
+        assert "inferred by timing" in line(part)
+    else:
+        assert part.figures["stopped_after_s"] <= 2.0  # type: ignore[operator]
+
+
+async def test_without_metrics_a_server_with_slots_to_spare_cannot_be_judged() -> None:
+    with serve(MisbehavingServer("leak", metrics=False)) as url:
+        report = await check_url(target(url, answer_tokens=PACED_ANSWER), only=("cancel",))
+    (part,) = report.parts
+    assert verdict(part) == "n/a", explained(report)
+    assert part.reason.startswith("not observable by timing: a fresh stream beside 2 running")
+    assert "--leave-streams" in part.reason  # what the user can do about it
 
 
 def streamlab(*args: str) -> subprocess.CompletedProcess[str]:
@@ -194,4 +239,66 @@ def test_the_command_exits_3_when_nothing_answers_and_2_on_usage() -> None:
     assert streamlab("check", url, "--model", "m", "--only", "nonsense").returncode == 2
     unset = streamlab("check", url, "--model", "m", "--api-key-env", "STREAMLAB_NO_SUCH_VAR")
     assert unset.returncode == 2
-    assert "STREAMLAB_NO_SUCH_VAR is not set" in unset.stdout
+    assert "STREAMLAB_NO_SUCH_VAR is not set" in unset.stderr
+
+
+@pytest.mark.parametrize(("ping_s", "shown"), [(None, "fail"), (0.5, "pass")])
+async def test_a_silence_mid_answer_is_judged_like_one_before_the_first_token(
+        ping_s: float | None, shown: str) -> None:
+    # A model that thinks for 3 s after its fifth token (a reasoning model that
+    # hides its thinking): its first token comes at once.
+    with serve(MisbehavingServer("good", pause_s=SILENCE_S, ping_s=ping_s)) as url:
+        report = await check_url(target(url), only=("heartbeat", "idle-cut", "concurrency"))
+    got = verdicts(report)
+    assert got["heartbeat"] == got["idle-cut"] == shown, explained(report)
+    heartbeat = part(report, "heartbeat")
+    assert heartbeat.figures["wait_where"] == f"after token read {PAUSE_AFTER}"
+    assert heartbeat.figures["longest_wait_s"] >= SILENCE_S  # type: ignore[operator]
+    if shown == "fail":
+        assert heartbeat.figures["silence_where"] == f"after token read {PAUSE_AFTER}"
+        assert "no byte for that long (after token read 5)" in line(heartbeat)
+        assert part(report, "idle-cut").figures["cut_where"] == f"after token read {PAUSE_AFTER}"
+    # The pause is one stream's own: several at once have it too, and it is no
+    # concurrency stall (the false alarm this guards against).
+    assert got["concurrency"] == "pass", explained(report)
+    assert part(report, "concurrency").figures["lone_max_gap_s"] >= SILENCE_S  # type: ignore[operator]
+
+
+async def test_streams_that_stall_in_turns_fail_concurrency_though_one_alone_does_not() -> None:
+    with serve(MisbehavingServer("good", turns=True)) as url:
+        report = await check_url(target(url), only=("concurrency",))
+    (only,) = report.parts
+    assert verdict(only) == "fail", explained(report)
+    assert only.figures["lone_max_gap_s"] < 0.5  # type: ignore[operator]
+    assert only.figures["gap_p99_s"] > 0.5  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("fault", "figure"), [({"role": False}, "role_first"),
+                                               ({"finish": False}, "finish_last")])
+async def test_a_stream_without_its_role_or_finish_fails_shape_and_passes_once_fixed(
+        fault: dict[str, bool], figure: str) -> None:
+    with serve(MisbehavingServer("good", **fault)) as url:  # type: ignore[arg-type]
+        broken = await check_url(target(url), only=("shape",))
+    with serve(MisbehavingServer("good")) as url:
+        fixed = await check_url(target(url), only=("shape",))
+    assert verdicts(broken) == {"shape": "fail"}, explained(broken)
+    assert line(broken.parts[0]).startswith(f"fail  shape: {figure} == True (measured no)")
+    assert verdicts(fixed) == {"shape": "pass"}, explained(fixed)
+    assert fixed.parts[0].figures["unasked_usage_chunks"] == 0
+
+
+async def test_tool_call_deltas_are_judged_as_the_sdks_accumulate_them() -> None:
+    with serve(MisbehavingServer("good", tools="bad")) as url:
+        broken = await check_url(target(url), only=("tool-calls",))
+    with serve(MisbehavingServer("good", tools="good")) as url:
+        fixed = await check_url(target(url), only=("tool-calls",))
+    with serve(MisbehavingServer("good")) as url:
+        none = await check_url(target(url), only=("tool-calls",))
+    (bad,), (good,), (na,) = broken.parts, fixed.parts, none.parts
+    assert verdict(bad) == "fail", explained(broken)
+    assert bad.figures["deltas_without_index"] == 3
+    assert bad.figures["repeated_id_or_name"] == 2  # the id and name on every delta
+    assert verdict(good) == "pass", explained(fixed)
+    assert good.figures["calls"] == 1
+    assert verdict(na) == "n/a"
+    assert na.reason.startswith("told to call get_weather, the server answered without")

@@ -68,9 +68,15 @@ async def stream_framing(session: Session) -> Report:
         "status": record.status, "events": record.events, "tokens": record.token_chunks,
         "not_json": len(record.bad_json), "done_last": record.done and not record.after_done,
         "usage_on_last": isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int),
-        "transport_error": record.error_text or None,
+        "invalid_utf8": record.invalid_utf8, "transport_error": record.error_text or None,
     }
     return judged("framing", FRAMING, figures, (
+        Check("transport_error", "==", None, "the stream did not end cleanly: see what the "
+                                             "client met (an answer that never ends, a line "
+                                             "that never does, a cut)"),
+        Check("invalid_utf8", "==", 0, "SSE is UTF-8 by definition: a browser's EventSource "
+                                       "shows U+FFFD for these bytes; encode every chunk as "
+                                       "UTF-8"),
         Check("status", "==", 200, "the stream request was refused: check --model and the key"),
         Check("not_json", "==", 0, "an event's data is not JSON: an SDK raises on it; send one "
                                    "JSON chunk per `data:` line and a blank line after each"),

@@ -127,6 +127,7 @@ class CheckTarget:
 
     @property
     def root_url(self) -> str:
-        """scheme://host:port of the base URL: where servers serve /metrics."""
-        parts = urlsplit(self.base_url)
+        """scheme://host:port of the URL as given (not the check's hop in front
+        of it): where servers serve /metrics."""
+        parts = urlsplit(self.origin_url or self.base_url)
         return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
