@@ -171,7 +171,10 @@ class MisbehavingServer:
                 self.running -= 1
 
     async def tokens(self, count: int, out: asyncio.Queue[bytes | None]) -> None:
-        gap = 0.0 if count > FAST_ABOVE_TOKENS else TOKEN_GAP_S
+        # The leak paces every answer: a long one it made at full speed would be
+        # done (into the socket's buffers) before its client could leave.
+        fast = count > FAST_ABOVE_TOKENS and self.mode != "leak"
+        gap = 0.0 if fast else TOKEN_GAP_S
         for i in range(count):
             if i == PAUSE_AFTER and self.pause_s:
                 await asyncio.sleep(self.pause_s)  # thinking, with nothing to show

@@ -164,14 +164,16 @@ async def slow_reader(session: Session) -> Report:
     # buffer, to megabytes; the stalled read must start from a fresh one.
     async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
         whole = await session.stream(long_body(straight), target=straight, client=client,
-                                     deadline_s=3 * MAX_UNIMPEDED_S)
+                                     deadline_s=MAX_UNIMPEDED_S + 2.0)
     answer_bytes = sum(n for _, n in whole.reads)
     figures: dict[str, Figure] = {
         "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
         "unimpeded_s": whole.total_s}
     if not whole.done:
+        hint = (" (a smaller --answer-tokens)" if (whole.error or {}).get("code") == "deadline"
+                else "")
         return not_applicable("slow-reader", STORY, "the long answer did not complete "
-                              f"read straight through ({whole.error_text})", figures)
+                              f"read straight through ({whole.error_text}){hint}", figures)
     if answer_bytes < MIN_ANSWER_BYTES:
         return not_applicable("slow-reader", STORY, f"needs {Needs.LONG}: the whole answer "
                               f"({answer_bytes} bytes) fits the transport's buffers, so a "
