@@ -115,10 +115,11 @@ class MisbehavingServer:
                  max_tokens: int = 20000, *, pause_s: float = 0.0, ping_s: float | None = None,
                  role: bool = True, finish: bool = True, tools: Tools | None = None,
                  slots: int | None = None, metrics: bool = True, turns: bool = False,
-                 hostile: Hostile | None = None) -> None:
+                 hostile: Hostile | None = None, fast_tps: int | None = None) -> None:
         self.mode = mode
         self.pause_s, self.ping_s, self.role, self.finish = pause_s, ping_s, role, finish
         self.tools, self.hostile = tools, hostile
+        self.fast_tps = fast_tps  # a long answer's pace (None: as fast as it goes)
         self.slots = asyncio.Semaphore(slots) if slots else None
         self.turns = asyncio.Lock() if turns else None
         self.max_tokens = max_tokens  # the longest answer it gives
@@ -175,7 +176,12 @@ class MisbehavingServer:
         # done (into the socket's buffers) before its client could leave.
         fast = count > FAST_ABOVE_TOKENS and self.mode != "leak"
         gap = 0.0 if fast else TOKEN_GAP_S
+        # A long answer at fast_tps: a 1 ms sleep every fast_tps / 1000 tokens
+        # (the loop's timers do not keep shorter sleeps).
+        every = max(1, self.fast_tps // 1000) if fast and self.fast_tps else 0
         for i in range(count):
+            if every and i % every == 0:
+                await asyncio.sleep(0.001)
             if i == PAUSE_AFTER and self.pause_s:
                 await asyncio.sleep(self.pause_s)  # thinking, with nothing to show
             if self.turns is not None and i % TURN_TOKENS == 0:

@@ -302,3 +302,22 @@ async def test_tool_call_deltas_are_judged_as_the_sdks_accumulate_them() -> None
     assert good.figures["calls"] == 1
     assert verdict(na) == "n/a"
     assert na.reason.startswith("told to call get_weather, the server answered without")
+
+
+@pytest.mark.parametrize(("mode", "shown"), [("grow", "fail"), ("good", "pass")])
+async def test_without_metrics_a_slow_reader_is_judged_by_how_the_rest_of_the_answer_comes(
+        mode: Literal["grow", "good"], shown: str) -> None:
+    # 8,000 tokens (1.5 MB) made at 4,000 a second, no /metrics: after the
+    # pause, a server that buffered sends the rest at once, one that paused
+    # goes on at its pace.
+    with serve(MisbehavingServer(mode, metrics=False, fast_tps=4000)) as url:
+        report = await check_url(target(url, answer_tokens=8000), only=("slow-reader",))
+    (only,) = report.parts
+    assert verdict(only) == shown, explained(report)
+    assert only.figures["observed_by"] == "timing (no running gauge)"
+    assert only.figures["behaviour"] == ("buffered" if shown == "fail" else "paused")
+    if shown == "fail":
+        assert only.figures["drain_ratio"] < 0.25  # type: ignore[operator]
+        assert "(inferred by timing, no running gauge)" in line(only)
+    else:
+        assert only.figures["drain_ratio"] > 0.5  # type: ignore[operator]

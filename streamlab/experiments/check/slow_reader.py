@@ -4,10 +4,19 @@ that grows with every token nobody reads?
 
 The last is the one that hurts: the server's memory grows by the answer for
 every stalled client (a phone in a tunnel, a tab in the background), and the
-model spends its slot on tokens nobody is reading. From outside it shows on
-the server's own gauge of running generations (target.KNOWN_RUNNING_GAUGES):
-a server that pauses still counts the generation when the reader comes back;
-one that buffers has finished it while the reader held a handful of tokens.
+model spends its slot on tokens nobody is reading. From outside it shows two
+ways, the first the server allows is used (the figure `observed_by` says which):
+
+    metrics  the server's own gauge of running generations (metrics.py): a
+             server that pauses still counts the generation when the reader
+             comes back; one that buffers has finished it while the reader
+             held a handful of tokens
+    timing   how the rest of the answer comes once the reader reads again: a
+             server that paused goes on at its generation pace (the rest takes
+             about as long as it took unimpeded, less what the buffers held);
+             one that buffered has it all made, and it comes at the network's
+             speed. Judged when the answer has a pace to see (MIN_PACE_S), and
+             only when the drain is clearly one or the other
 
     1. the answer read straight through: its size and how long it takes
     2. the same request read for READ_BEFORE tokens, then nothing for the pause
@@ -51,6 +60,11 @@ READ_BEFORE = 5  # tokens read before the reader stops
 MIN_ANSWER_BYTES = 1 << 20
 MIN_PAUSE_S = 3.0
 MAX_UNIMPEDED_S = 10.0  # an answer slower than this needs too long a pause to judge
+MIN_PACE_S = 0.5  # timing: an answer made faster than this has no pace to see after a pause
+# timing: the rest of the answer came in this fraction of the time its making took
+# unimpeded: below, it was made during the pause (buffered); above, it was made after
+# (paused); between, the check cannot say.
+BUFFERED_BELOW, PAUSED_ABOVE = 0.25, 0.5
 RECEIVE_BUFFER = 16 * 1024
 ETHERNET_MSS = 1460
 FIX = ("let the socket's backpressure reach the generation: await each write (a bounded "
@@ -149,14 +163,32 @@ def behaviour(record: StreamResult, running_before: float, running_at_end: float
     return "buffered"
 
 
-@check("slow-reader", STORY, headline=("behaviour", "answer_bytes"),
+def behaviour_by_timing(whole: StreamResult, stalled: StreamResult
+                        ) -> tuple[str, float | None]:
+    """paused, cut, buffered or unclear, and the drain ratio: how long the rest
+    of the answer took after the pause over how long making it took unimpeded."""
+    if not stalled.done:
+        return "cut", None
+    if stalled.paused_at_s is None or stalled.paused_s is None:
+        return "unclear", None
+    resumed = stalled.paused_at_s + stalled.paused_s
+    answer_bytes = sum(n for _, n in whole.reads)
+    rest = sum(n for t, n in stalled.reads if t > stalled.paused_at_s)
+    making_s = whole.total_s - (whole.first_token_s or 0.0)
+    expected = making_s * rest / answer_bytes if answer_bytes else 0.0
+    if expected <= 0:
+        return "unclear", None
+    ratio = (stalled.total_s - resumed) / expected
+    if ratio < BUFFERED_BELOW:
+        return "buffered", ratio
+    return ("paused" if ratio > PAUSED_ABOVE else "unclear"), ratio
+
+
+@check("slow-reader", STORY, headline=("observed_by", "behaviour", "answer_bytes"),
        budget_s=lambda target: 2 * target.stream_deadline_s + 2 * MAX_UNIMPEDED_S + 30.0)
 async def slow_reader(session: Session) -> Report:
     metrics, target = session.client, session.target
-    source, why = await running_gauge(session)
-    if source is None:
-        return not_applicable("slow-reader", STORY, f"not observable: {why}")
-    name = source.name
+    source, no_metrics = await running_gauge(session)
     straight = target.direct()
     timeout = httpx.Timeout(target.timeout_s, connect=10.0)
     # A client, so a connection, for each read: the straight read grows its
@@ -167,7 +199,8 @@ async def slow_reader(session: Session) -> Report:
                                      deadline_s=MAX_UNIMPEDED_S + 2.0)
     answer_bytes = sum(n for _, n in whole.reads)
     figures: dict[str, Figure] = {
-        "gauge": name, "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
+        "observed_by": f"metrics ({source.name})" if source else "timing (no running gauge)",
+        "answer_bytes": answer_bytes, "answer_tokens": whole.token_chunks,
         "unimpeded_s": whole.total_s}
     if not whole.done:
         hint = (" (a smaller --answer-tokens)" if (whole.error or {}).get("code") == "deadline"
@@ -180,15 +213,23 @@ async def slow_reader(session: Session) -> Report:
                               "stopped reader cannot be felt", figures)
     if whole.total_s > MAX_UNIMPEDED_S:
         return not_applicable("slow-reader", STORY, f"the answer takes {whole.total_s:.3g} "
-                              "s unimpeded: too long a pause to outlast it", figures)
+                              "s unimpeded: too long a pause to outlast it (a smaller "
+                              "--answer-tokens)", figures)
+    if source is None and whole.total_s - (whole.first_token_s or 0.0) < MIN_PACE_S:
+        return not_applicable("slow-reader", STORY, f"not observable: the answer was made in "
+                              f"{whole.total_s:.3g} s, too fast for its pace to show after a "
+                              f"pause, and {no_metrics}", figures)
     pause_s = max(MIN_PAUSE_S, 2 * whole.total_s)
-    before = await settled(session, source, await read_gauge(metrics, source) or 0.0)
+    before = 0.0
+    if source is not None:
+        before = await settled(session, source, await read_gauge(metrics, source) or 0.0)
     at_end: float | None = None
 
     async def hold_off() -> None:  # read nothing; what does the server do meanwhile?
         nonlocal at_end
         await anyio.sleep(pause_s)
-        at_end = await read_gauge(metrics, source)
+        if source is not None:
+            at_end = await read_gauge(metrics, source)
 
     async with httpx.AsyncClient(transport=reader_transport(), timeout=timeout) as client:
         stalled = await session.stream(long_body(straight), target=straight, client=client,
@@ -197,14 +238,28 @@ async def slow_reader(session: Session) -> Report:
         return not_applicable("slow-reader", STORY, f"the stream ended before {READ_BEFORE} "
                               f"tokens ({stalled.error_text}): nothing to stop reading", figures)
     paused_at = stalled.paused_at_s
-    shown = behaviour(stalled, before, at_end)
     figures |= {
-        "pause_s": pause_s, "running_before": before, "running_at_pause_end": at_end,
-        "bytes_after_pause": sum(n for t, n in stalled.reads if t > paused_at),
-        "reached_done": stalled.done, "transport_error": stalled.error_text or None,
-        "behaviour": shown}
+        "pause_s": pause_s, "bytes_after_pause": sum(n for t, n in stalled.reads if t > paused_at),
+        "reached_done": stalled.done, "transport_error": stalled.error_text or None}
+    if source is not None:
+        shown = behaviour(stalled, before, at_end)
+        figures |= {"gauge": source.name, "running_before": before,
+                    "running_at_pause_end": at_end, "behaviour": shown}
+        return judged("slow-reader", STORY, figures, (
+            Check("behaviour", "!=", "buffered",
+                  f"{source.name} was back down while the reader held {READ_BEFORE} tokens: "
+                  "the whole answer was generated into a buffer nobody read; " + FIX),
+        ))
+    shown, ratio = behaviour_by_timing(whole, stalled)
+    figures |= {"behaviour": shown, "drain_ratio": ratio, "confidence": "inferred from timing"}
+    if shown == "unclear":
+        return not_applicable("slow-reader", STORY, f"not observable by timing: the rest of "
+                              f"the answer came in {ratio if ratio is not None else 0:.2f} of "
+                              "the time its making took, neither clearly at once (buffered) "
+                              f"nor at its pace (paused); {no_metrics}", figures)
     return judged("slow-reader", STORY, figures, (
         Check("behaviour", "!=", "buffered",
-              f"{name} was back down while the reader held {READ_BEFORE} tokens: the whole "
-              "answer was generated into a buffer nobody read; " + FIX),
+              f"the rest of the answer came {1 / max(ratio or 1e-9, 1e-9):.0f}x faster than "
+              "it was made: it was generated during the pause, into a buffer nobody read "
+              "(inferred by timing, no running gauge); " + FIX),
     ))

@@ -4,7 +4,6 @@ writer, the metrics reader and the stream record's arithmetic."""
 from __future__ import annotations
 
 import json
-
 import xml.etree.ElementTree as ET
 
 import pytest
