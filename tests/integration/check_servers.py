@@ -53,7 +53,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from streamlab.experiments.render import as_json_text
+from streamlab.experiments.check.verdict import document
 from streamlab.experiments.report import Report
 from streamlab.lab.processes import free_ports
 
@@ -337,11 +337,13 @@ class MisbehavingServer:
 
 def keep(report: Report, server: str) -> None:
     """With STREAMLAB_CHECK_RESULTS=DIR, the report as DIR/check-<server>.json,
-    the shape `streamlab check --json` prints: how the committed runs in
+    the document `streamlab check --json` prints: how the committed runs in
     docs/results/ were made."""
     where = os.environ.get("STREAMLAB_CHECK_RESULTS")
     if where:
-        (Path(where) / f"check-{server}.json").write_text(as_json_text(report) + "\n")
+        doc = document(report, url=report.variant, model=str(report.figures.get("model", "")))
+        (Path(where) / f"check-{server}.json").write_text(
+            json.dumps(doc, indent=2, default=str) + "\n")
 
 
 @contextlib.contextmanager

@@ -120,7 +120,8 @@ async def idle_cut(session: Session) -> Report:
     figures: dict[str, Figure] = {
         "reached_done": record.done, "tokens": record.token_chunks,
         "cut_at_s": record.total_s if not record.done else None,
-        "cut_where": where(record, gap[1]) if gap and not record.done else None,
+        "cut_where": (None if record.done else "before the headers" if gap is None
+                      else where(record, gap[1])),
         "transport_error": record.error_text or None, "idle_cut_s": target.idle_cut_s}
     return judged("idle-cut", story, figures, (
         Check("reached_done", "==", True, "the hop cut the stream in its silence: " + FIX),
