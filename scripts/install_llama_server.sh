@@ -9,7 +9,7 @@
 #   gguf                      writes the tests' tiny model (random weights, a
 #                             tokenizer of its own): nothing comes from a hub
 #
-# The first run compiles llama.cpp (~9 minutes on 2 cores) into a wheel kept
+# The first run compiles llama.cpp (3.5 minutes on 2 cores) into a wheel kept
 # under ${XDG_CACHE_HOME:-~/.cache}/streamlab/wheels; a later run installs that
 # wheel in seconds, and one that finds both pinned versions installed does
 # nothing. The build is portable across x86-64 CPUs with AVX2 (GGML_NATIVE=OFF:

@@ -28,12 +28,22 @@ Things about this server the tests rely on (llama-cpp-python 0.3.36):
   - one generation at a time: a lock around the model. With the default
     `--interrupt_requests True` a request that arrives (any route that takes
     the model: chat, completions, /v1/models too) ends the stream running with
-    a bare `data: [DONE]` (no finish_reason) and then runs; with `False` it
-    waits until the running one ends.
+    `data: [DONE]` (no finish_reason) and a connection closed mid-body (an
+    incomplete chunked read), then runs; with `False` it gets its headers at
+    once, then pings only, and its first token when the running one ends.
+  - a client that leaves stops its generation (sse-starlette's disconnect
+    listener cancels the publisher); a reader that stops reading stops it too,
+    but only once the socket's buffers are full (megabytes on loopback).
   - `/v1/models` lists the model alias (`model_alias`, else the model's path);
-    a request's `model` is not checked (an unknown one gets the loaded model).
+    a request's `model` is not checked (an unknown one gets the loaded model),
+    and the chunks carry the request's `model`, else the model's path.
   - no /metrics, no `stream_options.include_usage` (no usage chunk when
     streaming); a ": ping - <time>" comment every 15 s (sse-starlette's default).
+  - a long answer slows down: each token detokenizes the whole answer so far
+    (about 700 tokens/s at first, 90/s past 4,000, 20/s past 19,000 here).
+  - a request that fails validation gets a 500 with OpenAI's error object; a
+    body that is not JSON a plain 500; a streamed prompt longer than the
+    context a 200 with an empty body.
 """
 
 from __future__ import annotations
@@ -56,7 +66,7 @@ INSTALL_HINT = "llama-cpp-python is not installed: bash scripts/install_llama_se
 
 # The words the model says (each one token, "▁" is SentencePiece's space); a
 # prompt written from them (prompt_of_words) is one token a word.
-WORDS: tuple[str, ...] = tuple("""
+_WORD_TEXT = """
 the of and to in is was for on that with as by at from his her it an were are
 which this be or has had not first one their its new after but who they have
 two been other all time year more when she can also city people into during
@@ -68,7 +78,8 @@ road bridge market village winter summer morning evening story letter song
 voice field forest island mountain ocean cloud river fire wind rain snow
 green blue red white black yellow bright quiet quick slow warm cold open
 close begin end carry build watch listen write read speak follow answer
-""".split())
+"""
+WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_TEXT.split()))
 PUNCTUATION = (",", ".")
 # The printable ASCII characters: the prompt tokenizer's single-character pieces.
 CHARACTERS = tuple(chr(c) for c in range(0x21, 0x7F))
@@ -104,7 +115,7 @@ def vocabulary() -> tuple[list[str], list[float], list[int], list[bool]]:
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [6] * 256  # BYTE
     pieces: list[str] = [SPACE, *CHARACTERS]
-    words = [SPACE + w for w in dict.fromkeys(WORDS)]
+    words = [SPACE + w for w in WORDS]
     for word in words:
         pieces += [word[:end] for end in range(2, len(word))]
     seen = set(tokens)

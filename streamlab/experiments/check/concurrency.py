@@ -53,6 +53,7 @@ async def cadence(session: Session) -> Report:
     done = sum(record.done for record in records)
     figures: dict[str, Figure] = {
         "streams": target.streams, "completed": done,
+        "finished": sum(bool(record.finish_reason) for record in records),
         "statuses": ",".join(sorted({str(r.status) for r in records})),
         "gaps": len(gaps), "lone_done": lone.done,
         "lone_max_gap_s": max(lone_gaps) if lone_gaps else None}
@@ -72,6 +73,10 @@ async def cadence(session: Session) -> Report:
         Check("completed", "==", target.streams,
               "not every concurrent stream reached [DONE]: a concurrency limit should queue "
               "or answer 429, not cut streams"),
+        Check("finished", "==", target.streams,
+              "a concurrent stream reached [DONE] with no finish_reason: it was cut short "
+              "(another request interrupted it?) and its reader cannot tell; queue a request "
+              "for a free slot, or end the stream with a finish_reason or an error"),
         Check("gap_p99_s", "<=", limit,
               "streams stall in turns under concurrency, which one stream alone does not: "
               "look for blocking work between writes or a buffer shared by all streams"),

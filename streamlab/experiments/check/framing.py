@@ -54,6 +54,7 @@ def error_shape(body: bytes) -> bool:
 
 FRAMING = "events parse (WHATWG), [DONE] ends the stream, usage on the last chunk"
 ERRORS = "malformed requests get a 4xx with OpenAI's error object"
+MAX_ERROR_BODY = 64 * 1024
 
 
 @check("framing", FRAMING, headline=("events", "tokens"), budget_s=streams_budget())
@@ -87,6 +88,23 @@ async def stream_framing(session: Session) -> Report:
     ))
 
 
+async def answer_to(client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
+                    ) -> tuple[int, bytes]:
+    """A malformed request's status and, for an error, its body (the first
+    MAX_ERROR_BODY bytes). A 2xx is not read: a server that takes a negative
+    max_tokens may stream to the end of its context (llama.cpp's does), and the
+    status alone is the verdict."""
+    async with client.stream("POST", url, content=raw, headers=headers) as response:
+        if response.is_success:
+            return response.status_code, b""
+        body = b""
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) >= MAX_ERROR_BODY:
+                break
+        return response.status_code, body
+
+
 @check("errors", ERRORS, headline=("bad_requests", "answered_5xx"),
        budget_s=lambda target: 7 * target.timeout_s)
 async def error_framing(session: Session) -> Report:
@@ -100,13 +118,12 @@ async def error_framing(session: Session) -> Report:
     async with httpx.AsyncClient(timeout=shared.timeout) as client:
         for name, raw in malformed(target.model).items():
             try:
-                response = await client.post(target.chat_url, content=raw, headers=headers)
+                statuses[name], body = await answer_to(client, target.chat_url, raw, headers)
             except httpx.HTTPError:
                 statuses[name] = 0  # dropped without an answer
                 shapes[name] = False
                 continue
-            statuses[name] = response.status_code
-            shapes[name] = error_shape(response.content)
+            shapes[name] = error_shape(body)
     not_4xx = [f"{name}: {code or 'dropped'}" for name, code in statuses.items()
                if not 400 <= code < 500]
     figures = {

@@ -117,6 +117,12 @@ async def idle_cut(session: Session) -> Report:
         cut_target = target.via("127.0.0.1", port)
         record = await session.stream(silence_body(cut_target), target=cut_target)
     gap = record.longest_byte_gap
+    wait = record.longest_wait_for_token
+    if record.done and (wait is None or wait[0] < target.idle_cut_s):
+        return not_applicable("idle-cut", story, (
+            f"the request through the hop did not wait as long for a token "
+            f"({wait[0] if wait else 0:.3g} s, shorter than the idle cut): nothing to cut "
+            "(a server that cached the prompt, or a silence it has only sometimes)"))
     figures: dict[str, Figure] = {
         "reached_done": record.done, "tokens": record.token_chunks,
         "cut_at_s": record.total_s if not record.done else None,

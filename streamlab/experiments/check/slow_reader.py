@@ -59,7 +59,7 @@ READ_BEFORE = 5  # tokens read before the reader stops
 # 64 KiB): well under MIN_ANSWER_BYTES, and the answer is twice that.
 MIN_ANSWER_BYTES = 1 << 20
 MIN_PAUSE_S = 3.0
-MAX_UNIMPEDED_S = 10.0  # an answer slower than this needs too long a pause to judge
+MAX_UNIMPEDED_S = 30.0  # an answer slower than this needs too long a pause to judge
 MIN_PACE_S = 0.5  # timing: an answer made faster than this has no pace to see after a pause
 # timing: the rest of the answer came in this fraction of the time its making took
 # unimpeded: below, it was made during the pause (buffered); above, it was made after

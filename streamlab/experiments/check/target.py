@@ -21,6 +21,7 @@ Some checks need something a foreign server may not give; each names it
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
@@ -122,8 +123,11 @@ class CheckTarget:
         return out
 
     def long_prompt(self, task: str) -> str:
-        """`task` over `prompt_words` words of notes: a prefill the server must do."""
-        return task + " " + " ".join(f"note{i % 97}" for i in range(self.prompt_words))
+        """`task` over `prompt_words` words of notes: a prefill the server must
+        do, every time. It starts with a nonce: a server with a prefix cache
+        (vLLM, SGLang, llama.cpp) would skip the prefill of a prompt it has seen."""
+        notes = " ".join(f"note{i % 97}" for i in range(self.prompt_words))
+        return f"Request {uuid.uuid4().hex}. {task} {notes}"
 
     @property
     def root_url(self) -> str:
