@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
 	integration clean test-compose compose-config toxiproxy-regression lock check-lock \
-	scenario-plots test-wire-per-request test-slow test-all
+	scenario-plots test-wire-per-request test-slow test-all test-check-servers
 
 # Everything: the lab tool, plots and the dev tools (what the tests need).
 install:
@@ -72,6 +72,16 @@ test-slow: install
 	exit $$rc
 
 test-all: test test-slow
+
+# `streamlab check` on servers nobody here wrote that take minutes to install:
+# llama.cpp's server (compiled for the CPU, ~4 min the first time, then cached)
+# and LiteLLM's proxy (a venv of its own, ~500 MB). Not in CI; `make test-slow`
+# skips these tests when they are not installed, saying how to install them.
+test-check-servers: install
+	bash scripts/install_llama_server.sh
+	bash scripts/install_litellm.sh
+	$(BIN)/pytest tests/integration/test_check_llama.py \
+		tests/integration/test_check_litellm.py tests/integration/test_llama_server_smoke.py $(PYTEST_ARGS)
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
