@@ -26,13 +26,15 @@ from tests.integration.llama_server import MODEL_ALIAS, llama_server, write_tiny
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# Its prefill of a 3,000-word prompt takes ~2.5 s on 2 cores: an idle cut of
+# Its prefill of a long prompt (PROMPT_WORDS) takes seconds: an idle cut of
 # 1.5 s makes it a silence to judge (its pings come every 15 s).
 IDLE_CUT_S = 1.5
 # 4,500 tokens: 1.1 MB, past what the path holds for a stopped reader, and
 # within its context; its decode slows as the answer grows (~20 s for these).
 ANSWER_TOKENS = 4500
 N_CTX = 32768
+# Its prefill of this many words takes ~4 s on 2 cores (~2 s for the default 3,000).
+PROMPT_WORDS = 4000
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,8 @@ def check(url: str, *args: str) -> tuple[int, dict[str, Any], str]:
 
 def test_every_check_judges_llama_cpps_server_with_no_model_and_no_metrics(
         queueing: str) -> None:
-    code, doc, progress = check(queueing, "--answer-tokens", str(ANSWER_TOKENS))
+    code, doc, progress = check(queueing, "--answer-tokens", str(ANSWER_TOKENS),
+                                "--prompt-words", str(PROMPT_WORDS))
     if os.environ.get("STREAMLAB_CHECK_RESULTS"):  # how docs/results/ was made
         (Path(os.environ["STREAMLAB_CHECK_RESULTS"]) / "check-llama-cpp-python.json"
          ).write_text(json.dumps(doc, indent=2) + "\n")
