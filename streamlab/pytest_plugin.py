@@ -18,8 +18,10 @@ Options:
     --streamlab-target URL  add the check suite (`streamlab check URL`) to the
                             session, one test per check: pass, fail with the
                             evidence, or skipped (n/a) with why; with
-                            --streamlab-model M (required), --streamlab-api-key-env
-                            VAR and --streamlab-metrics-url URL
+                            --streamlab-model M (default: the first /v1/models
+                            lists), --streamlab-api-key-env VAR,
+                            --streamlab-metrics-url URL (default: the root's
+                            /metrics), --streamlab-extra-body JSON
 
 Everything heavy (the lab, httpx, the checks) is imported when a fixture or
 the suite is used, never when pytest loads the plugin: every pytest session
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,11 +54,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "under the current directory); none there: the session starts one.")
     group.addoption("--streamlab-target", default=None, metavar="URL",
                     help="Run `streamlab check` against this OpenAI base URL as tests.")
-    group.addoption("--streamlab-model", default=None, help="The model the checks ask for.")
+    group.addoption("--streamlab-model", default=None,
+                    help="The model the checks ask for (default: the first /v1/models lists).")
     group.addoption("--streamlab-api-key-env", default=None, metavar="VAR",
                     help="The environment variable holding the target's API key.")
     group.addoption("--streamlab-metrics-url", default=None, metavar="URL",
-                    help="The target's Prometheus /metrics (the cancel check).")
+                    help="The target's Prometheus /metrics (default: the root's /metrics).")
+    group.addoption("--streamlab-extra-body", default=None, metavar="JSON",
+                    help="JSON merged into every request the checks send.")
 
 
 # ---- the lab ---------------------------------------------------------------------
@@ -214,7 +220,9 @@ def _suite_report(config: pytest.Config) -> Report:
         target = CheckTarget(config.getoption("--streamlab-target"),
                              config.getoption("--streamlab-model") or "",
                              api_key=os.environ.get(key_env) if key_env else None,
-                             metrics_url=config.getoption("--streamlab-metrics-url"))
+                             metrics_url=config.getoption("--streamlab-metrics-url"),
+                             extra_body=json.loads(config.getoption("--streamlab-extra-body")
+                                                   or "{}"))
         config.stash[_REPORTS] = asyncio.run(check_url(target))
     return config.stash[_REPORTS]
 
