@@ -22,13 +22,7 @@ import tomllib
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["check-servers"]))')
 # Already there at the pinned versions: nothing to ask the index.
-if .venv/bin/python -c '
-import sys
-from importlib.metadata import PackageNotFoundError, version
-try:
-    sys.exit(any(version(n) != v for n, _, v in (w.partition("==") for w in sys.argv[1:])))
-except PackageNotFoundError:
-    sys.exit(1)' "${wanted[@]}"; then
+if .venv/bin/python scripts/installed_at_pins.py "${wanted[@]}"; then
   exit 0
 fi
 if ! .venv/bin/python -m pip install -q "${wanted[@]}"; then

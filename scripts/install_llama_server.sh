@@ -30,13 +30,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 wanted=("llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" "gguf==$GGUF_VERSION")
 # Already there at the pinned versions: nothing to build or ask the index.
-if .venv/bin/python -c '
-import sys
-from importlib.metadata import PackageNotFoundError, version
-try:
-    sys.exit(any(version(n) != v for n, _, v in (w.partition("==") for w in sys.argv[1:])))
-except PackageNotFoundError:
-    sys.exit(1)' "${wanted[@]}"; then
+if .venv/bin/python scripts/installed_at_pins.py "${wanted[@]}"; then
   exit 0
 fi
 

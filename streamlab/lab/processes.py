@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +96,18 @@ def start(spec: ServiceSpec, log_dir: Path) -> Running:
             start_new_session=True,
         )
     return Running(spec, popen.pid, log, popen)
+
+
+@contextlib.contextmanager
+def serving(spec: ServiceSpec, log_dir: Path, grace_s: float = 5.0) -> Iterator[Running]:
+    """The service started and ready for the block, stopped after it (a
+    server a test or a check runs beside it)."""
+    running = start(spec, log_dir)
+    try:
+        wait_ready(running)
+        yield running
+    finally:
+        stop(running, grace_s=grace_s)
 
 
 def wait_ready(running: Running) -> None:

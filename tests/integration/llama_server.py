@@ -253,9 +253,5 @@ def llama_server(
     with contextlib.ExitStack() as stack:
         if log_dir is None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-")))
-        running = processes.start(spec, log_dir)
-        try:
-            processes.wait_ready(running)
-            yield base + "/v1"
-        finally:
-            processes.stop(running, grace_s=5.0)
+        stack.enter_context(processes.serving(spec, log_dir))
+        yield base + "/v1"

@@ -66,12 +66,8 @@ def llm_mock_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--config", str(tmp_path_factory.mktemp("mock") / "no-config.json")],
         # Any HTTP answer is up: the mock has no health route (404 on /v1/models).
         ready=lambda: httpx.get(base + "/v1/models", timeout=1.0).status_code > 0)
-    running = processes.start(spec, tmp_path_factory.mktemp("mock-logs"))
-    try:
-        processes.wait_ready(running)
+    with processes.serving(spec, tmp_path_factory.mktemp("mock-logs")):
         yield base + "/v1"
-    finally:
-        processes.stop(running, grace_s=5.0)
 
 
 async def test_llm_mock_api_frames_well_and_answers_bad_input_with_a_5xx(

@@ -48,12 +48,8 @@ def litellm(lab: LabTarget, tmp_path: Path) -> Iterator[str]:
                                    "127.0.0.1", "--port", str(port)],
                        ready=lambda: httpx.get(base + "/v1/models", timeout=1.0).is_success,
                        ready_timeout_s=120.0)
-    running = processes.start(spec, tmp_path)
-    try:
-        processes.wait_ready(running)
+    with processes.serving(spec, tmp_path):
         yield base + "/v1"
-    finally:
-        processes.stop(running, grace_s=5.0)
 
 
 def explained(report: Report) -> str:
