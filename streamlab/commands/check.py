@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -194,7 +195,9 @@ def check_command(
     if as_json:
         print_document(document(report, url=url, model=str(report.figures.get("model", ""))))
     else:
-        show(report, console)
+        console.print(f"{url} · model {report.figures.get('model')} · through "
+                      f"{report.figures.get('hop')}", markup=False, highlight=False)
+        show(replace(report, figures={}), console)  # the run's own figures are that line
         # One line per check, whole (a table cell wraps): the evidence and the fix.
         for part in report.parts:
             console.print(line(part), markup=False, highlight=False, soft_wrap=True)

@@ -106,6 +106,7 @@ def document(report: Report | None, *, url: str, model: str = "",
                  EXIT_UNREACHABLE if error else exit_status(report) if report else EXIT_FAILED)
     counts = {v: sum(c["verdict"] == v for c in checks if isinstance(c, dict))
               for v in ("pass", "fail", "n/a", "error")}
-    return {"schema": SCHEMA, "url": url, "model": model, "exit_status": exit_code,
+    hop = report.figures.get("hop") if report is not None else None
+    return {"schema": SCHEMA, "url": url, "model": model, "hop": hop, "exit_status": exit_code,
             "summary": dict(counts), "checks": checks,
             "error": {"kind": error[0], "message": error[1]} if error else None}
