@@ -33,6 +33,8 @@
       │   │                         (also a RuntimeError; bench/slow_readers.py)
       │   ├── FloorError            the gRPC floor's bare processes did not run to the
       │   │                         end (also a RuntimeError; bench/setup_floor.py)
+      │   ├── NoModel               `streamlab check` got no --model and the server's
+      │   │                         /v1/models lists none: exit 2 (check/runner.py)
       │   └── BrowserError          the headless browser failed (browser.py)
       └── the web console's control API (streamlab/console/control.py)
           ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also

@@ -69,6 +69,7 @@ TOKEN_GAP_S = 0.02
 # A longer answer than this is produced at full speed: only the slow-reader
 # check asks for one (megabytes, to outgrow the transport's buffers).
 FAST_ABOVE_TOKENS = 4000
+LEAK_TPS = 4000
 QUEUE_MAX = 16  # between the generation and the socket, except in the grow mode
 RESUME_TOKENS, RESUME_GAP_S = 30, 0.03
 LONG_PROMPT_CHARS = 5000  # a prompt this long "prefills" for silence_s on the silent server
@@ -172,13 +173,14 @@ class MisbehavingServer:
                 self.running -= 1
 
     async def tokens(self, count: int, out: asyncio.Queue[bytes | None]) -> None:
-        # The leak paces every answer: a long one it made at full speed would be
-        # done (into the socket's buffers) before its client could leave.
-        fast = count > FAST_ABOVE_TOKENS and self.mode != "leak"
+        fast = count > FAST_ABOVE_TOKENS
         gap = 0.0 if fast else TOKEN_GAP_S
         # A long answer at fast_tps: a 1 ms sleep every fast_tps / 1000 tokens
-        # (the loop's timers do not keep shorter sleeps).
-        every = max(1, self.fast_tps // 1000) if fast and self.fast_tps else 0
+        # (the loop's timers do not keep shorter sleeps). The leak paces its
+        # long answers at LEAK_TPS at least: one made at full speed would be
+        # done (into the socket's buffers) before its client could leave.
+        tps = self.fast_tps or (LEAK_TPS if self.mode == "leak" else None)
+        every = max(1, tps // 1000) if fast and tps else 0
         for i in range(count):
             if every and i % every == 0:
                 await asyncio.sleep(0.001)

@@ -23,7 +23,7 @@ import httpx
 
 from services.client.openai_stream import StreamResult, stream_chat
 from streamlab.experiments.check.target import CheckTarget
-from streamlab.experiments.report import Report
+from streamlab.experiments.report import JSON, Report
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Session:
                 self._memo[key] = await make()
         return self._memo[key]
 
-    async def stream(self, body: dict[str, Any], *, target: CheckTarget | None = None,
+    async def stream(self, body: dict[str, JSON], *, target: CheckTarget | None = None,
                      client: httpx.AsyncClient | None = None, deadline_s: float | None = None,
                      **options: Any) -> StreamResult:
         """One streamed chat request, read by the project's measuring client

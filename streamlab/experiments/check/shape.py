@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -74,7 +75,7 @@ async def stream_shape(session: Session) -> Report:
     ))
 
 
-def tool_call_shape(deltas: list[dict[str, Any]]) -> dict[str, Figure]:
+def tool_call_shape(deltas: Sequence[Mapping[str, JSON]]) -> dict[str, Figure]:
     """Each rule of tool-call deltas, and the first delta that breaks it."""
     seen: set[int] = set()
     arguments: dict[int, str] = {}
