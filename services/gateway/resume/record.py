@@ -25,6 +25,12 @@ refreshing, so its readers drop out of `readers` within the TTL.
 
 Unlike the `followers` set (readers on replicas other than the owner, which
 the owner's grace timer counts), `readers` includes the owner's own.
+
+Every write in the background is best effort and bounded, and none may die
+of an exception: a store error is expected while Redis is down (the entry
+expires within the TTL), anything else is counted in
+streamlab_gateway_resume_task_failures_total (`reader_left`, `reader_attach`,
+`readers_presence`) and logged, and the presence loop goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -41,6 +48,7 @@ from redis.asyncio import Redis
 from services.gateway.resume.redis_keys import StreamKeys
 from services.gateway.resume.redis_log import STORE_ERRORS
 from services.gateway.resume.streams import MAX_ATTACH_RECORDS, Attach
+from services.gateway.resume.tasks import TaskFailures
 
 # KEYS attaches, readers, meta; ARGV the record (JSON), how many attaches to
 # keep, the reader's expiry (unix ms), now (unix ms), a TTL (ms) for when
@@ -76,8 +84,9 @@ class RecordWriter:
     when it leaves (in the background: its task may be cancelled)."""
 
     def __init__(self, redis: Redis, ttl_s: float, timeout_s: float,
-                 fallback_ttl_s: float) -> None:
+                 fallback_ttl_s: float, failures: TaskFailures) -> None:
         self._redis = redis
+        self._failures = failures
         self._ttl_s = ttl_s
         self._timeout_s = timeout_s
         self._fallback_ms = int(fallback_ttl_s * 1000)
@@ -114,7 +123,7 @@ class RecordWriter:
                 async with asyncio.timeout(self._timeout_s):
                     await self._redis.zrem(keys.readers, member)
 
-        self._spawn(remove(), f"reader-left-{record.reader}")
+        self._spawn(remove(), "reader_left", f"reader-left-{record.reader}", keys.readers)
 
     def background(self, keys: StreamKeys, record: Attach) -> None:
         """`attach` without waiting (best effort): for a surface whose
@@ -123,23 +132,32 @@ class RecordWriter:
             with contextlib.suppress(*STORE_ERRORS):
                 await self.attach(keys, record)
 
-        self._spawn(write(), f"attach-{record.reader}")
+        self._spawn(write(), "reader_attach", f"attach-{record.reader}", keys.attaches)
 
-    def _spawn(self, coroutine: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine, name=name)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], task: str, name: str,
+               subject: str) -> None:
+        async def guarded() -> None:
+            try:
+                await coroutine
+            except Exception as exc:  # best effort: the entry expires within the TTL
+                self._failures.caught(task, subject, exc, "left to expire with its TTL")
+
+        spawned = asyncio.get_running_loop().create_task(guarded(), name=name)
+        self._writes.add(spawned)
+        spawned.add_done_callback(self._writes.discard)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._refresh(),
                                                             name="resume-readers")
+        self._failures.watch(self._task, "readers_presence", "resume-readers")
 
     async def _refresh(self) -> None:
+        unexpected = 0  # unexpected failures in a row: the first is logged in full
         while True:
             await asyncio.sleep(self._ttl_s / 3)
             if not self._reading:
                 continue
-            with contextlib.suppress(*STORE_ERRORS):
+            try:
                 async with asyncio.timeout(self._timeout_s):
                     expiry = self._expiry_ms()
                     async with self._redis.pipeline(transaction=False) as pipe:
@@ -149,6 +167,14 @@ class RecordWriter:
                         for keys, member in list(self._reading.values()):
                             pipe.zadd(keys.readers, {member: expiry})
                         await pipe.execute()
+                unexpected = 0
+            except STORE_ERRORS:
+                pass  # Redis down: the readers' entries come back at the next round
+            except Exception as exc:  # the loop keeps every reader's presence: it goes on
+                self._failures.caught("readers_presence", f"{len(self._reading)} readers",
+                                      exc, f"again in {self._ttl_s / 3:.1f} s",
+                                      repeat=unexpected > 0)
+                unexpected += 1
 
     async def close(self) -> None:
         if self._task is not None:

@@ -21,16 +21,35 @@ took it back (`uncancel`), so every command and pipeline compares the two
 and raises CancelledError when they differ. A timeout of ours around the
 call (`asyncio.timeout`) then turns it into TimeoutError as it should, where
 it was swallowed too.
+
+And a connection whose transport is gone is made again, not written to.
+Redis restarting (SIGKILLed, or a hop in front of it dropping what it had
+accepted) resets the pool's idle connections. redis-py checks a pooled
+connection before it hands it out (`ConnectionPool.ensure_connection`), but
+by its reader: a reader at EOF is dropped, while a reset leaves the reader
+holding the error, not at EOF, so the connection passed as connected. The
+next command's write then met the closed transport, and under uvloop (the
+gateway's loop) a write on it raises `RuntimeError('unable to perform
+operation on <TCPTransport closed=True ...>; the handler is closed')`, which
+is none of the errors the store's callers handle (`STORE_ERRORS`): the owner's
+log writer died of it, and its streams stayed `running` in Redis while the
+owner finished them (tests/integration/test_resume_tasks.py). Every client here
+makes its connections `ClosedTransportAware`: one whose transport is closing is
+connected again when the pool hands it out, and a write that would still
+meet one (the transport closed between the check and the write) raises
+redis-py's ConnectionError, a store error like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 T = TypeVar("T")
 
@@ -56,6 +75,41 @@ async def cancel_safe(call: Awaitable[T]) -> T:
     return result
 
 
+class ClosedTransportAware(AbstractConnection):
+    """Mixed into the pool's connection class (`closed_transport_aware`): a
+    connection whose transport is closing is made again rather than used."""
+
+    def _transport_closing(self) -> bool:
+        writer = self._writer
+        return writer is not None and writer.transport.is_closing()
+
+    async def connect(self) -> None:
+        # The pool calls this on every connection it hands out; redis-py skips
+        # it while the reader and writer objects exist, even over a dead
+        # transport: drop them first, so a fresh connection is made.
+        if self._transport_closing():
+            await self.disconnect(nowait=True)
+        # redis-py leaves connect unannotated.
+        await super().connect()  # type: ignore[no-untyped-call]
+
+    async def _send_packed_command(self, command: Iterable[bytes]) -> None:
+        if self._transport_closing():
+            # Raised inside send_packed_command, which disconnects on any
+            # error: the next command on this connection makes a new one.
+            raise RedisConnectionError("the connection to Redis was reset (its transport "
+                                       "is closed)")
+        await super()._send_packed_command(command)
+
+
+def closed_transport_aware(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """`base` (redis-py's TCP, TLS or Unix-socket connection, as the URL picked)
+    with ClosedTransportAware before it."""
+    if issubclass(base, ClosedTransportAware):
+        return base
+    return cast(type[AbstractConnection],
+                type(f"ClosedTransportAware{base.__name__}", (ClosedTransportAware, base), {}))
+
+
 class CancelSafePipeline(Pipeline):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         return await cancel_safe(super().execute(raise_on_error))
@@ -63,7 +117,16 @@ class CancelSafePipeline(Pipeline):
 
 class CancelSafeRedis(Redis):
     """redis.asyncio.Redis whose commands, scripts and pipelines never swallow
-    a cancel (the module's docstring says where they did)."""
+    a cancel, and whose connections are remade once their transport closed
+    (the module's docstring says why)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Before the pool makes its first connection (`from_url` builds the
+        # pool, then this client on it; a single-connection client, which
+        # this project does not use, would have made its one already).
+        pool = self.connection_pool
+        pool.connection_class = closed_transport_aware(pool.connection_class)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         # redis-py leaves execute_command unannotated.

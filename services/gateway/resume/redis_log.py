@@ -23,6 +23,20 @@ events are late until a write succeeds, and if more than
 log (counted in `..._events_dropped`; a resume elsewhere then gets `gap`).
 A stream that ended keeps being retried for its TTL, so a completed stream's
 text reaches Redis whenever Redis is up in that time.
+
+Any other exception a write raises is handled the same way: the batch stays
+pending and is retried with the same backoff, so the writer never dies
+(a writer that died left its stream `running` in Redis for good: the owner
+finished it in memory, kept its alive key fresh, so no replica took it over,
+and readers on other replicas got pings until the meta's TTL). Why retry
+rather than give the stream up: giving it up (the meta's `replica` released,
+or an end in the log) is itself a write to the same store, so a writer that
+cannot write cannot hand anything over either; what failed so far were
+connections a Redis restart had reset, and the next attempt, on a new
+connection, writes everything pending, the end included. Such an exception is
+logged (the first of a run of failures, with its traceback) and counted in
+`streamlab_gateway_resume_task_failures_total{task="log_writer"}`; the batch
+in `..._write_failures` as any failed write.
 """
 
 from __future__ import annotations
@@ -40,15 +54,15 @@ from redis.exceptions import RedisError, ResponseError
 
 from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id
 from services.gateway.resume.replay_log import Entry
+from services.gateway.resume.tasks import TaskFailures
 
 log = logging.getLogger("streamlab.gateway")
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0
 STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
-
-
 class StoreMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, tasks: TaskFailures) -> None:
+        """`tasks`: the resume path's task failures (ResumeMetrics holds them)."""
         self.batches = Counter("streamlab_gateway_resume_store_batches",
                                "Pipelines written to the shared resume log", registry=registry)
         self.events = Counter("streamlab_gateway_resume_store_events",
@@ -67,6 +81,7 @@ class StoreMetrics:
         self.read_failures = Counter("streamlab_gateway_resume_store_read_failures",
                                      "Resumes, statuses or live tails the store failed",
                                      registry=registry)
+        self.tasks = tasks
         # When this replica last failed to reach the store (any call: the
         # record's writes skip the store for a moment after one).
         self.last_failure_at = -math.inf
@@ -137,6 +152,7 @@ class LogMirror:
     def start(self, tombstone_s: float) -> asyncio.Task[None]:
         self._task = asyncio.get_running_loop().create_task(
             self._run(tombstone_s), name=f"resume-log-{self._keys.events}")
+        self._metrics.tasks.watch(self._task, "log_writer", self._keys.events)
         return self._task
 
     async def stop(self, flush_timeout_s: float) -> None:
@@ -161,20 +177,29 @@ class LogMirror:
     async def _run(self, tombstone_s: float) -> None:
         backoff = RETRY_FIRST_S
         gave_up_at: float | None = None
+        unexpected = 0  # unexpected failures in a row: the first is logged in full
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
             released = self._released  # read first: this batch's meta then says so
-            meta = self._meta()
-            batch = list(self._pending)
+            meta: StreamMeta | None = None
             try:
+                meta = self._meta()
+                batch = list(self._pending)
                 await self._write(batch, meta, tombstone_s)
-            except STORE_ERRORS as exc:
+            except Exception as exc:  # any failure: retried, never the end of the writer
                 self._metrics.write_failures.inc()
-                log.warning("resume log write failed (%d events pending): %s",
-                            len(self._pending), exc)
-                if meta.ended:
+                if isinstance(exc, STORE_ERRORS):
+                    log.warning("resume log write failed (%d events pending): %s",
+                                len(self._pending), exc)
+                else:
+                    self._metrics.tasks.caught(
+                        "log_writer", self._keys.events, exc,
+                        f"{len(self._pending)} events pending, retried in {backoff:.1f} s",
+                        repeat=unexpected > 0)
+                    unexpected += 1
+                if meta is not None and meta.ended:
                     gave_up_at = gave_up_at or loop.time() + max(meta.ttl_s, 1.0)
                     if loop.time() >= gave_up_at:
                         self._metrics.dropped.inc(len(self._pending))
@@ -184,6 +209,7 @@ class LogMirror:
                 self._wake.set()
                 continue
             backoff = RETRY_FIRST_S
+            unexpected = 0
             if batch:
                 self.written_seq = batch[-1].seq
             while self._pending and self._pending[0].seq <= self.written_seq:

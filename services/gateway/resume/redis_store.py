@@ -281,6 +281,20 @@ class SharedStream(ResumableStream):
 
     async def _check(self, reason: str, epoch: int, remote_seen: bool) -> None:
         try:
+            await self._check_once(reason, epoch, remote_seen)
+        except Exception as exc:
+            # A check that died left the stream with no timer at all: never
+            # cancelled for want of readers, whatever came after. Look again
+            # in a while, as for a reader elsewhere.
+            poll_s = self._store.settings.redis_follower_ttl_s / 3
+            self._store.store_metrics.tasks.caught("grace_check", self.id, exc,
+                                                   f"checked again in {poll_s:.1f} s")
+            if epoch == self._epoch and not self.ended and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(
+                    poll_s, self._expire, reason, epoch, remote_seen)
+
+    async def _check_once(self, reason: str, epoch: int, remote_seen: bool) -> None:
+        try:
             remote = await fresh_followers(self._store.redis, self.keys)
             if not remote and not remote_seen and reason == "never_attached":
                 # Read on another replica whose "attached" never arrived (that
@@ -342,11 +356,12 @@ class RedisStore(ResumeStore):
         self.tail_redis = CancelSafeRedis.from_url(settings.redis_url,
                                                    socket_timeout=timeout + self.block_s,
                                                    **common)
-        self.store_metrics = StoreMetrics(metrics)
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
+        self.store_metrics = StoreMetrics(metrics, self.metrics.tasks)
         self.control = ControlChannel(self.redis, KEY_PREFIX, settings.replica_id,
-                                      self._on_command, self.store_metrics.heartbeat_failed)
+                                      self._on_command, self.store_metrics.heartbeat_failed,
+                                      self.store_metrics.tasks)
         # replica -> (when asked, its alive key's value): every quiet reader of
         # a lost owner's streams asks the same question each poll; one answer
         # per poll interval serves them all (hundreds of GETs a second fewer).
@@ -357,7 +372,8 @@ class RedisStore(ResumeStore):
         # The stream's record (attaches, readers), shared: services/gateway/resume/record.py.
         self.record = RecordWriter(
             self.redis, settings.redis_follower_ttl_s, settings.redis_timeout_s,
-            fallback_ttl_s=settings.max_stream_duration_s + settings.resume_ttl_s)
+            fallback_ttl_s=settings.max_stream_duration_s + settings.resume_ttl_s,
+            failures=self.store_metrics.tasks)
         self._prewritten: set[str] = set()  # readers `attached` wrote, until `follow`
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
         self._sweeper: asyncio.Task[None] | None = None
@@ -569,8 +585,7 @@ class RedisStore(ResumeStore):
         """Tell the owner a reader attached here (best effort: its grace check
         finds the reader's presence anyway), so a stream first read on another
         replica is not cancelled as never attached."""
-        with contextlib.suppress(*STORE_ERRORS):
-            await self.control.send(owner, "attached", stream_id)
+        await self._tell_owner(owner, "attached", stream_id)
         try:
             async with contextlib.aclosing(events):  # its presence is gone after this
                 async for event in events:
@@ -579,9 +594,18 @@ class RedisStore(ResumeStore):
             # And that it left (best effort, bounded): the owner's grace starts
             # now, not at its next look at the store (a grace of 0 read here
             # used to run on for up to a third of the follower TTL).
-            with contextlib.suppress(*STORE_ERRORS):
-                async with asyncio.timeout(self.settings.redis_timeout_s):
-                    await self.control.send(owner, "left", stream_id)
+            await self._tell_owner(owner, "left", stream_id)
+
+    async def _tell_owner(self, owner: str, op: str, stream_id: str) -> None:
+        """Best effort and bounded: a failure must not cut the reader's response."""
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                await self.control.send(owner, op, stream_id)
+        except STORE_ERRORS:
+            pass
+        except Exception as exc:  # as a store error: the owner's grace check finds out
+            self.store_metrics.tasks.caught("presence", stream_id, exc,
+                                            f"the owner is not told {op!r}")
 
     # ---- control -----------------------------------------------------------------------
     async def cancel(self, found: FoundStream, reason: str) -> dict[str, Any]:
@@ -687,26 +711,58 @@ class RedisStore(ResumeStore):
                             "re-attached (%s)", stream_id, meta.replica, exc.message)
                 self.store_metrics.takeovers.labels("owner_lost").inc()
                 await self._end_orphaned(keys, meta, "owner_lost", cursor)
+            except Exception as exc:  # anything else: the claim must not be left unrun
+                await self._adoption_failed(stream_id, keys, meta, cursor, exc)
             return True
+
+    async def _adoption_failed(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                               cursor: int, exc: Exception) -> None:
+        """The claim is this replica's, but adopting the stream failed with
+        something other than the engine's answer (a lease the gateway refused,
+        a store error, a bug): left so, nobody would advance it (every replica
+        sees its owner, this one, alive). End it: here, if it runs here already
+        (its log writer writes the end), else in the log."""
+        if isinstance(exc, STORE_ERRORS):
+            log.warning("stream %s: taking it over failed (%r); ending it owner_lost",
+                        stream_id, exc)
+        else:
+            self.store_metrics.tasks.caught("takeover", stream_id, exc,
+                                            "the stream is ended owner_lost")
+        self.store_metrics.takeovers.labels("owner_lost").inc()
+        stream = self.local(stream_id)
+        if stream is not None:
+            stream.cancel("owner_lost")
+        else:
+            await self._end_orphaned(keys, meta, "owner_lost", cursor)
 
     # ---- the take-over sweep: a lost owner's streams, whether or not anyone reads ----
     async def _own(self, stream_id: str) -> None:
         """List the stream among this replica's (best effort: without it the
         stream is still taken over, by its readers)."""
-        with contextlib.suppress(*STORE_ERRORS):
+        try:
             async with self._bounded(), self.redis.pipeline(transaction=False) as pipe:
                 pipe.sadd(self._owned_key, stream_id)
                 pipe.pexpire(self._owned_key, self._owned_ttl_ms)
                 pipe.sadd(replicas_key(KEY_PREFIX), self.settings.replica_id)
                 await pipe.execute()
+        except STORE_ERRORS:
+            pass
+        except Exception as exc:  # best effort, as a store error
+            self.store_metrics.tasks.caught("owned_list", stream_id, exc,
+                                            "its readers take it over if this replica dies")
 
     def disown(self, stream_id: str) -> None:
         """It ended here, or another replica runs it now (in the background,
         best effort: the sweep skips what is not running and owned by its owner)."""
         async def remove() -> None:
-            with contextlib.suppress(*STORE_ERRORS):
+            try:
                 async with self._bounded():
                     await self.redis.srem(self._owned_key, stream_id)
+            except STORE_ERRORS:
+                pass
+            except Exception as exc:  # best effort, as a store error
+                self.store_metrics.tasks.caught("owned_list", stream_id, exc,
+                                                "the sweep skips it (not running here)")
 
         with contextlib.suppress(RuntimeError):  # no loop left: the key expires
             task = asyncio.get_running_loop().create_task(remove(), name=f"disown-{stream_id}")
@@ -720,12 +776,19 @@ class RedisStore(ResumeStore):
         call each, and a lost owner's generations waited on them past the
         engine's orphan grace). The bound is the alive key's expiry plus one
         sweep, whatever the readers do (docs/resume.md)."""
+        unexpected = 0  # unexpected failures in a row: the first is logged in full
         while True:
             await asyncio.sleep(SWEEP_S)
             try:
                 await self._sweep()
+                unexpected = 0
             except STORE_ERRORS as exc:
                 log.warning("take-over sweep failed (%r); again in %.1f s", exc, SWEEP_S)
+            except Exception as exc:  # the sweep must outlive any one failure
+                self.store_metrics.tasks.caught("takeover", "the sweep", exc,
+                                                f"again in {SWEEP_S:.1f} s",
+                                                repeat=unexpected > 0)
+                unexpected += 1
 
     async def _sweep(self) -> None:
         if (not self.settings.reattach or self._gateway is None
@@ -746,10 +809,20 @@ class RedisStore(ResumeStore):
             limit = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
             self._sweeping.add(replica)
             try:
-                await asyncio.gather(*(self._sweep_one(replica, i, limit) for i in ids),
-                                     return_exceptions=True)
+                results = await asyncio.gather(
+                    *(self._sweep_one(replica, i, limit) for i in sorted(ids)),
+                    return_exceptions=True)
             finally:
                 self._sweeping.discard(replica)
+            for stream_id, result in zip(sorted(ids), results, strict=True):
+                # Each is taken again at the next sweep (still in the lost
+                # replica's list), or by its readers.
+                if isinstance(result, STORE_ERRORS):
+                    log.warning("stream %s: take-over failed (%r); again at the next sweep",
+                                stream_id, result)
+                elif isinstance(result, Exception):
+                    self.store_metrics.tasks.caught("takeover", stream_id, result,
+                                                    "again at the next sweep")
 
     async def _sweep_one(self, replica: str, stream_id: str, limit: asyncio.Semaphore) -> None:
         async with limit:

@@ -159,12 +159,22 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
                         return
     except ReaderMustMove:
         return
-    except STORE_ERRORS:
-        metrics.read_failures.inc()
+    except Exception as exc:  # a store error, or anything else: the reader is told
+        if isinstance(exc, STORE_ERRORS):
+            metrics.read_failures.inc()
+        else:
+            # Not a store error (a connection a Redis restart reset raised
+            # RuntimeError here): the reader must not be left with a response
+            # cut without a word. It is told as a store failure: the client
+            # reconnects with its Last-Event-ID.
+            metrics.tasks.caught("tail", stream_id, exc, "the reader is told to retry")
         error = store_unavailable(retry_after_s)
         if retryable:
             yield retry_event(error.code, error.message, retry_ms)
         else:
             yield ServerSentEvent(event="error", data=json.dumps(error.body()), sep="\n")
     finally:
-        await presence.leave(timeout_s)
+        try:
+            await presence.leave(timeout_s)
+        except Exception as exc:  # its presence expires within the follower TTL
+            metrics.tasks.caught("presence", stream_id, exc, "left to expire with its TTL")

@@ -51,6 +51,7 @@ from services.gateway.drain import DRAINING
 from services.gateway.errors import EngineError, GatewayError
 from services.gateway.openai_api import FINISH_REASONS, usage_dict
 from services.gateway.resume.replay_log import Entry, ReplayLog, event_id
+from services.gateway.resume.tasks import TaskFailures
 from services.gateway.settings import GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.generation import GenerationState
@@ -117,6 +118,7 @@ class ResumeMetrics:
         self.reattached = Counter("streamlab_gateway_resume_engine_reattached",
                                   "Engine calls of resumable streams attached again after "
                                   "the engine hop dropped them", registry=registry)
+        self.tasks = TaskFailures(registry)  # services/gateway/resume/tasks.py
 
 
 class ResumableStream:
@@ -159,6 +161,7 @@ class ResumableStream:
     def start(self, attach_timeout_s: float) -> None:
         self._task = asyncio.get_running_loop().create_task(
             self._produce(), name=f"resumable-stream-{self.id}")
+        self._registry.metrics.tasks.watch(self._task, "producer", self.id)
         self._arm(attach_timeout_s, "never_attached")
 
     # ---- followers ------------------------------------------------------------
@@ -222,6 +225,19 @@ class ResumableStream:
                 self._superseded(exc)
             else:
                 self._end(GenerationState.FAILED, "error", exc.body())
+        except Exception as exc:
+            if self.ended or self.handed_off:
+                # After the fact (a re-attach that met the lease its stream's
+                # end had closed): nothing is lost, nothing to tell.
+                log.debug("stream %s: its producer stopped on %r after the end", self.id, exc)
+            else:
+                # Not the engine's answer (a bug on the way to the log): the
+                # stream still ends, with an `error` its readers see, rather
+                # than run on in nobody's hands with its readers waiting.
+                self._registry.metrics.tasks.caught("producer", self.id, exc,
+                                                    "the stream ends with an error")
+                self._end(GenerationState.FAILED, "error", GatewayError(
+                    500, "internal_error", "the gateway failed reading the generation").body())
         finally:
             self._lease.close()
 
