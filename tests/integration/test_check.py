@@ -28,7 +28,12 @@ from tests.integration.check_servers import (
     serve,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+pytestmark = [
+    pytest.mark.integration, pytest.mark.anyio,
+    # Their subject is the check against servers the tests run themselves: the
+    # container topology adds nothing (the lab gateway's test says its own reason).
+    pytest.mark.local_only("the check against servers the test runs in-process"),
+]
 
 # Short enough for a test, and long against the lab's test heartbeat (0.5 s).
 SILENCE_S, IDLE_CUT_S = 3.0, 1.5

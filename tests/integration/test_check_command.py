@@ -18,7 +18,8 @@ import pytest
 from streamlab.lab.processes import free_ports
 from tests.integration.check_servers import MODEL, Hostile, MisbehavingServer, serve
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.local_only("the command against servers the test runs in-process")]
 
 # The child's peak RSS, printed by a wrapper that runs it (RUSAGE_CHILDREN:
 # the check and the Toxiproxy it starts, the larger of the two).
