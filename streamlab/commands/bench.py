@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamlab.commands.exits import (
@@ -174,7 +175,7 @@ def slow_readers(
         try:
             report = compare(lab, clients, tokens, timeout_s, on_sample)
         except ReadersRefused as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from None
     _render(report, as_json=as_json, plot=plot)
 

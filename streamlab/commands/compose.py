@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from streamlab.lab import compose_config
 from streamlab.lab.topology import REPO_ROOT
@@ -29,7 +30,7 @@ def config(
         try:
             compose_config.check()
         except compose_config.ConfigDrift as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from exc
         console.print("compose configs are up to date")
         return

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from streamlab.commands.lab import attached
 from streamlab.experiments.report import Report
@@ -65,15 +66,16 @@ def experiment_exits() -> Iterator[None]:
     try:
         yield
     except MissingCapability as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(EXIT_USAGE) from exc
     except ToxiproxyError as exc:
         if exc.status_code:  # it answered and refused: the run's failure, not the lab's absence
             raise
-        err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
+        err.print(f"[red]{escape(str(exc))}[/] (is the lab up? `streamlab status`)")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     except httpx.ConnectError as exc:
-        err.print(f"[red]the lab does not answer: {exc}[/] (is it up? `streamlab status`)")
+        err.print(f"[red]the lab does not answer: {escape(str(exc))}[/] (is it up? "
+                  "`streamlab status`)")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
 
 

@@ -11,6 +11,7 @@ import grpc
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
@@ -139,7 +140,9 @@ def up(
         with (err if as_json else console).status(f"starting the lab ({backend} model)…"):
             lab.up()
     except (StartError, FileNotFoundError) as exc:
-        err.print(f"[red]streamlab up failed:[/] {exc}")
+        # A proxy's refusal quotes its config ("[/path/haproxy.cfg:3]"): text
+        # from outside is printed as it is, never read as markup.
+        err.print(f"[red]streamlab up failed:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     if as_json:
         print(json.dumps(up_json(lab, with_console, run_dir), indent=2))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -225,7 +226,7 @@ def run_command(
             lab, plan, timing, on_start=progress.started if progress else None,
             on_report=progress.ended if progress else None, watchdog=watchdog))
     except scenarios.TargetUnreachable as exc:
-        err.print(f"[red]{exc}[/] (is the lab up? `streamlab status`)")
+        err.print(f"[red]{escape(str(exc))}[/] (is the lab up? `streamlab status`)")
         raise typer.Exit(EXIT_UNREACHABLE) from exc
     if watchdog is not None and not as_json:
         for restart in watchdog.restarts:
@@ -435,8 +436,6 @@ def matrix_command(
 
 def print_matrix(matrix: Any) -> None:
     """The matrix as a table: a row per failure and proxy."""
-    from rich.markup import escape
-
     from streamlab.experiments.scenarios.edge_matrix import rows_for_table
 
     yours = any("yours" in row.forms for row in matrix.rows)

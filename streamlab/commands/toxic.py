@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from streamlab.commands.lab import DEFAULT_RUN_DIR, AsJson, RunDir, attached
@@ -89,7 +90,7 @@ def _toxiproxy(lab: LabTarget) -> Iterator[ToxiproxyClient]:
         with lab.toxiproxy() as client:
             yield client
     except (ToxiproxyError, ToxicSpecError) as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from exc
 
 
@@ -226,7 +227,7 @@ def cli(
     try:
         binary = find_toxiproxy("toxiproxy-cli")
     except FileNotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from exc
     command = [binary, "-h", api_addresses(lab, [hop])[hop], *(args or ["inspect", hop])]
     # Its output and exit status are the command's own.

@@ -73,3 +73,27 @@ def test_a_plain_streamlab_up_speaks_the_default_wire_and_down_stops_it(
     assert down.returncode == 0, down.stderr[-2000:]
     wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout_s=15.0,
                what="every process of the lab gone after `streamlab down`")
+
+
+def test_a_config_the_proxy_refuses_is_printed_as_the_proxy_wrote_it(tmp_path: Path) -> None:
+    """Text from outside (a proxy's refusal: nginx's `[emerg]`, HAProxy's
+    `[/path/haproxy.cfg:3]`) is printed literally: read as rich markup, the
+    first vanished and the second crashed the CLI with a MarkupError."""
+    if os.environ.get("STREAMLAB_TARGET") == "compose":
+        pytest.skip("the local lab's CLI; the compose target is brought up by its script")
+    ports = free_lab_ports()
+    env = {**os.environ, **{f"STREAMLAB_{name.upper()}": str(value)
+                            for name, value in ports.model_dump().items()
+                            if name.endswith("_port")}}
+    config = tmp_path / "nginx.conf"
+    config.write_text("events {}\nhttp { server { listen ${STREAMLAB_LISTEN}; "
+                      "location / { proxy_buffering maybe; } } }\n")
+    up = subprocess.run([sys.executable, "-m", "streamlab.cli", "up", "--run-dir",
+                         str(tmp_path / "run"), "--no-console", "--proxy", "nginx",
+                         "--proxy-config", str(config)],
+                        env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert up.returncode == 1, up.stdout[-2000:] + up.stderr[-2000:]
+    assert "Traceback" not in up.stderr, up.stderr[-3000:]
+    assert "streamlab up failed:" in up.stderr
+    assert "[emerg]" in up.stderr, up.stderr[-2000:]  # nginx's own words, whole
+    assert "proxy_buffering" in up.stderr
