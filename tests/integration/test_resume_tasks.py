@@ -59,16 +59,13 @@ from streamlab.experiments.scenarios.resuming_readers import (
 )
 from streamlab.lab.endpoints import REDIS_PERSISTENCE
 from streamlab.lab.own_toxiproxy import own_toxiproxy
-from streamlab.lab.processes import ServiceSpec, free_ports
 from streamlab_protocol.generation import GenerationState
 from tests.integration.redis_fixtures import (
-    REDIS_SERVER,
     RedisServer,
     StartReplicas,
     create_stream,
-    redis_pings,
 )
-from tests.integration.test_store_restart import Store
+from tests.integration.test_store_restart import Store, started_store
 from tests.wait import wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -98,21 +95,8 @@ UNRETRIEVED = "Task exception was never retrieved"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    if not REDIS_SERVER.exists():
-        pytest.skip(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)")
-    port = free_ports(1)[0]
-    data = tmp_path / "redis"
-    data.mkdir()
-    spec = ServiceSpec("redis", [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1",
-                                 *REDIS_PERSISTENCE, "--dir", str(data)],
-                       ready=lambda: redis_pings(port), ready_timeout_s=10.0)
-    server = Store(spec, tmp_path / "redis-logs", port)
-    server.start()
-    try:
+    with started_store(tmp_path, REDIS_PERSISTENCE) as server:
         yield server
-    finally:
-        if server.running is not None:
-            server.kill()
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ event written before the restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,14 +61,15 @@ class Store:
         self.running = None
 
 
-@pytest.fixture(params=[True, False], ids=["aof", "broken-no-persistence"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+@contextlib.contextmanager
+def started_store(tmp_path: Path, persistence: Sequence[str]) -> Iterator[Store]:
+    """A Redis server of the test's own with these persistence flags, stopped
+    after the block (unless the test killed it and left it down)."""
     if not REDIS_SERVER.exists():
         pytest.skip(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)")
     port = free_ports(1)[0]
     data = tmp_path / "redis"
     data.mkdir()
-    persistence = REDIS_PERSISTENCE if request.param else REDIS_NO_PERSISTENCE
     spec = ServiceSpec("redis", [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1",
                                  *persistence, "--dir", str(data)],
                        ready=lambda: redis_pings(port), ready_timeout_s=10.0)
@@ -78,6 +80,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     finally:
         if server.running is not None:
             processes.stop(server.running, grace_s=5.0)
+
+
+@pytest.fixture(params=[True, False], ids=["aof", "broken-no-persistence"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    with started_store(tmp_path, REDIS_PERSISTENCE if request.param
+                       else REDIS_NO_PERSISTENCE) as server:
+        yield server
 
 
 def read(http: httpx.Client, url: str, last_event_id: str | None = None,
