@@ -19,7 +19,6 @@ error with its own code.
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import json
 import time
@@ -76,7 +75,7 @@ class StreamResult:
     first_delta: dict[str, Any] | None = None  # the first choice's first delta
     last_choice_chunk: dict[str, Any] | None = None  # the last chunk with a choice in it
     usage_chunks: int = 0  # chunks that carried `usage`
-    invalid_utf8: int = 0  # reads with bytes that are not UTF-8 (the decoder shows U+FFFD)
+    invalid_utf8: int = 0  # reads with bytes that are not UTF-8 (the decoder's count)
     tool_deltas: list[dict[str, Any]] = field(default_factory=list)  # each tool_calls entry
     reasoning_fields: set[str] = field(default_factory=set)  # reasoning_content / reasoning
 
@@ -96,18 +95,6 @@ class StreamResult:
         """Request sent → the first read that carried a token (content, tool
         calls or reasoning)."""
         return self.token_reads[0] if self.token_reads else None
-
-    @property
-    def longest_silence_s(self) -> float | None:
-        """The longest stretch with no byte at all, from sending the request to
-        the first token: what an idle-cutting hop on the way sees."""
-        first = self.first_token_s
-        if first is None:
-            return None
-        marks = [0.0] + ([self.headers_s] if self.headers_s is not None else [])
-        marks += [t for t, _ in self.reads if t <= first] + [first]
-        marks.sort()
-        return max(b - a for a, b in itertools.pairwise(marks)) if len(marks) > 1 else 0.0
 
     @property
     def longest_byte_gap(self) -> tuple[float, float] | None:
@@ -132,12 +119,6 @@ class StreamResult:
         marks = [0.0, *self.token_reads]
         return max((b - a, a) for a, b in itertools.pairwise(marks))
 
-    @property
-    def bytes_before_first_token(self) -> int:
-        first = self.first_token_s
-        if first is None:
-            return sum(n for _, n in self.reads)
-        return sum(n for t, n in self.reads if t < first)
 
     def gaps(self) -> list[float]:
         """Between successive reads that carried tokens (a batch in one read is one)."""
@@ -197,7 +178,6 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                 pause_after_tokens: int | None, pause: Callable[[], Awaitable[None]] | None,
                 max_event_chars: int) -> None:
     decoder = SSEDecoder()
-    strict = codecs.getincrementaldecoder("utf-8")()  # only to notice bytes that are not UTF-8
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -221,11 +201,6 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     result.first_byte_s = now
                 result.bytes_down = response.num_bytes_downloaded
                 result.reads.append((now, len(chunk)))
-                try:
-                    strict.decode(chunk)
-                except UnicodeDecodeError:
-                    result.invalid_utf8 += 1
-                    strict.reset()
                 token_here = False
                 for item in decoder.feed(chunk):
                     if isinstance(item, Comment):
@@ -236,6 +211,7 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     token_here |= _event(result, item, now, on_token)
                 if token_here:
                     result.token_reads.append(now)
+                result.invalid_utf8 = decoder.invalid_utf8
                 if decoder.pending_chars > max_event_chars:
                     result.error = {"message": f"an event grew past {max_event_chars} "
                                                "characters with no end of line: stopped reading",

@@ -70,3 +70,16 @@ def test_pending_chars_counts_an_event_not_yet_complete() -> None:
     assert decoder.pending_chars == 1002  # two data lines, no blank line yet
     decoder.feed(b"\n")
     assert decoder.pending_chars == 0
+
+
+def test_bytes_that_are_not_utf8_are_replaced_and_counted_a_split_character_is_not() -> None:
+    decoder = SSEDecoder()
+    items = decoder.feed(b"data: caf" + "é".encode()[:1])  # é split across reads
+    items += decoder.feed("é".encode()[1:] + b"\n\n")
+    assert items == [Event(data="café")]
+    assert decoder.invalid_utf8 == 0
+    items = decoder.feed(b"data: \xff\xfeok\n\n")
+    assert items == [Event(data="\ufffd\ufffdok")]
+    assert decoder.invalid_utf8 == 1
+    assert decoder.feed("data: still é\n\n".encode()) == [Event(data="still é")]
+    assert decoder.invalid_utf8 == 1

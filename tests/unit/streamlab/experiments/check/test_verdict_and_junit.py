@@ -89,16 +89,6 @@ def test_error_shape(body: bytes, ok: bool) -> None:
     assert error_shape(body) is ok
 
 
-def test_longest_silence_counts_from_the_request_to_the_first_token() -> None:
-    record = StreamResult(headers_s=0.1, token_reads=[5.0],
-                          reads=[(0.5, 9), (1.0, 9), (4.0, 9), (5.0, 50)])
-    assert record.longest_silence_s == pytest.approx(3.0)
-    assert record.bytes_before_first_token == 27
-    held = StreamResult(headers_s=4.0, token_reads=[4.0], reads=[(4.0, 100)])
-    assert held.longest_silence_s == pytest.approx(4.0)
-    assert StreamResult().longest_silence_s is None
-
-
 def test_the_target_reached_through_a_hop_keeps_its_path() -> None:
     target = CheckTarget("https://api.example.com/openai/v1", "m")
     assert not target.plain_http
@@ -121,6 +111,9 @@ def test_silence_is_judged_wherever_it_falls_in_the_answer() -> None:
                           reads=[(0.2, 9), (1.4, 8), (2.4, 8), (3.4, 8), (4.4, 9)], total_s=4.4)
     assert pinged.longest_wait_for_token == pytest.approx((4.2, 0.2))
     assert pinged.longest_byte_gap == pytest.approx((1.2, 0.2))
+    # Headers held until the first token: the silence starts at the request.
+    held = StreamResult(headers_s=4.0, token_reads=[4.0], reads=[(4.0, 100)], total_s=4.0)
+    assert held.longest_byte_gap == pytest.approx((4.0, 0.0))
     assert StreamResult().longest_byte_gap is None
 
 
