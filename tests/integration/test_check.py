@@ -16,7 +16,7 @@ import pytest
 from streamlab.experiments.check.runner import CHECKS, check_url
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import line, table, verdict
-from streamlab.experiments.report import Report
+from streamlab.experiments.report import JSON, Report
 from streamlab.lab.processes import free_ports
 from streamlab.lab.target import LabTarget
 from tests.integration.check_servers import (
@@ -328,3 +328,27 @@ async def test_without_metrics_a_slow_reader_is_judged_by_how_the_rest_of_the_an
         assert "(inferred by timing, no running gauge)" in line(only)
     else:
         assert only.figures["drain_ratio"] > 0.5  # type: ignore[operator]
+
+
+@pytest.mark.local_only("the check runs the local Toxiproxy binary in front of the gateway")
+@pytest.mark.parametrize(("heartbeat_s", "shown"), [(0.5, "pass"), (0, "fail")])
+async def test_the_lab_gateway_pausing_mid_answer_is_judged_by_its_pings_alone(
+        lab: LabTarget, heartbeat_s: float, shown: str) -> None:
+    # A server nobody wrote for this check, behaving unusually: the fake model
+    # pauses 3 s after its fourth token (and starts at once). With the gateway's
+    # pings the pause is no fault: no heartbeat, idle-cut or concurrency alarm.
+    # With its pings off (heartbeat_s 0) the same pause fails heartbeat.
+    pause: dict[str, JSON] = {"pauses": [{"after_token": 3, "pause_ms": int(SILENCE_S * 1000)}],
+                              "heartbeat_s": heartbeat_s}
+    checked = replace(target(lab.edge_url + "/v1", "streamlab-fake"), silence_s=0.05,
+                      extra_body={"streamlab": pause})
+    report = await check_url(checked, only=("heartbeat", "idle-cut", "concurrency"))
+    got = verdicts(report)
+    assert got["heartbeat"] == got["idle-cut"] == shown, explained(report)
+    assert got["concurrency"] == "pass", explained(report)
+    heartbeat = part(report, "heartbeat")
+    # `after_token` counts from 0: the pause follows the fourth token read.
+    assert heartbeat.figures["wait_where"] == "after token read 4"
+    assert heartbeat.figures["longest_wait_s"] >= SILENCE_S  # type: ignore[operator]
+    if shown == "pass":
+        assert heartbeat.figures["comments"] >= 4  # type: ignore[operator]

@@ -114,12 +114,15 @@ class CheckTarget:
     def body(self, content: str, *, max_tokens: int, lab: dict[str, JSON] | None = None,
              **extra: JSON) -> dict[str, JSON]:
         """A streamed chat request; `lab` (the fake model's timing) is sent only
-        to a target that takes the lab's knobs."""
+        to a target that takes the lab's knobs, over the `streamlab` object of
+        --extra-body (a user's `pauses` or `heartbeat_s` stay; the check's own
+        timing wins)."""
         out: dict[str, JSON] = {"model": self.model, "stream": True, "max_tokens": max_tokens,
                                   "messages": [{"role": "user", "content": content}],
                                   **self.extra_body, **extra}
         if lab and self.lab_knobs:
-            out["streamlab"] = lab
+            asked = self.extra_body.get("streamlab")
+            out["streamlab"] = {**(asked if isinstance(asked, dict) else {}), **lab}
         return out
 
     def long_prompt(self, task: str) -> str:

@@ -129,3 +129,13 @@ def test_the_json_document_speaks_the_texts_verdicts() -> None:
     assert unreachable["exit_status"] == 3
     assert unreachable["checks"] == []
     assert unreachable["error"] == {"kind": "unreachable", "message": "nothing answers"}
+
+
+def test_extra_body_reaches_every_request_and_a_lab_gateway_keeps_its_streamlab_keys() -> None:
+    target = CheckTarget("http://127.0.0.1:1/v1", "m", lab_knobs=True, extra_body={
+        "ignore_eos": True, "streamlab": {"heartbeat_s": 0, "prefill_ms": 1}})
+    body = target.body("hi", max_tokens=4, lab={"prefill_ms": 500})
+    assert body["ignore_eos"] is True
+    assert body["streamlab"] == {"heartbeat_s": 0, "prefill_ms": 500}  # the check's timing wins
+    other = CheckTarget("http://127.0.0.1:1/v1", "m", extra_body={"min_tokens": 3})
+    assert "streamlab" not in other.body("hi", max_tokens=4, lab={"prefill_ms": 500})
