@@ -72,7 +72,6 @@ class JsonUsageErrors(TyperCommand):
                                     error=("usage", exc.format_message())))
             errors.print(exc.format_message(), markup=False, highlight=False)
             ctx.exit(EXIT_USAGE)
-            raise  # unreachable: ctx.exit raises
 
 
 def stop_on_sigterm() -> None:
