@@ -60,6 +60,8 @@ log = logging.getLogger("streamlab.gateway")
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0
 STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
 class StoreMetrics:
     def __init__(self, registry: CollectorRegistry, tasks: TaskFailures) -> None:
         """`tasks`: the resume path's task failures (ResumeMetrics holds them)."""

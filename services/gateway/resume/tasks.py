@@ -34,6 +34,7 @@ log = logging.getLogger("streamlab.gateway")
 RESUME_TASKS = ("producer", "log_writer", "control", "reader_left", "reader_attach",
                 "readers_presence", "presence", "tail", "grace_check", "takeover", "owned_list")
 
+
 class TaskFailures:
     """Exceptions the resume path's background tasks caught that are not store
     errors (those have their own counters and are expected while Redis is
