@@ -200,6 +200,15 @@ class GatewaySettings(BaseSettings):
     # is down or slow); past it the oldest are dropped from the shared log (a
     # resume on another replica then gets a `gap`), never from its own readers.
     redis_pending_max_events: int = Field(10_000, ge=1)
+    # What the owner's log writer (services/gateway/resume/redis_log.py)
+    # survives. "any": any failed write is retried (nothing else can hand the
+    # stream on: that is a write to the same store), and a pooled connection
+    # whose transport a Redis restart closed is made again before use. The
+    # broken case the `redis-restart` scenario contrasts, "store_only": redis-py's
+    # own errors only, on redis-py's stock connections: a Redis restart kills
+    # writers with uvloop's RuntimeError, and their streams stay `running` in
+    # Redis while the owner has finished them (readers elsewhere get pings).
+    resume_store_errors: Literal["any", "store_only"] = "any"
     # With the Redis store: open resumable generations as detachable, and when
     # the replica that owns one is lost (killed, or drained for a restart) let
     # the replica a client reads on take it over and re-attach to the engine's

@@ -30,6 +30,7 @@ from streamlab.lab.topology import (
     Ports,
     Replicas,
     hops,
+    replica_name,
     replica_port,
     split_replica,
     toxiproxy_api_port,
@@ -140,9 +141,14 @@ def replicas_compose(ports: Ports, replicas: Replicas = COMPOSE_REPLICAS) -> str
     gateway_env = {
         "STREAMLAB_GATEWAY_ENGINE_TARGET": engine_hops,
         "STREAMLAB_GATEWAY_RESUME_STORE": "redis",
-        "STREAMLAB_GATEWAY_REDIS_URL":
-            f"redis://{toxiproxy_process('store')}:{ports.store_proxy_port}/0",
     }
+
+    def store_env(k: int) -> dict[str, str]:
+        """Each gateway reaches Redis through its own store hop (store, store-2, …)."""
+        hop = replica_name("store", k)
+        port = replica_port(ports, ports.store_proxy_port, k)
+        return {"STREAMLAB_GATEWAY_REDIS_URL": f"redis://{toxiproxy_process(hop)}:{port}/0"}
+
     healthy = {"condition": "service_healthy"}
     services: dict[str, Any] = {
         "toxiproxy-backend": {"volumes": [
@@ -160,13 +166,14 @@ def replicas_compose(ports: Ports, replicas: Replicas = COMPOSE_REPLICAS) -> str
         services[f"engine-{k}"] = engine
     engines = {f"engine-{k}": healthy for k in range(2, replicas.engines + 1)}
     store = {STORE_HOP_SERVICE: healthy}
-    services["gateway"] = {"environment": {**gateway_env, "STREAMLAB_GATEWAY_JOB_ROUTE": "g1"},
+    services["gateway"] = {"environment": {**gateway_env, **store_env(1),
+                                           "STREAMLAB_GATEWAY_JOB_ROUTE": "g1"},
                            "depends_on": {**engines, **store}}
     for k in range(2, replicas.gateways + 1):
         gateway = copy.deepcopy(base["gateway"])
         gateway["ports"] = replica_published(gateway["ports"], ports, k)
         gateway["environment"] = {**gateway.get("environment", {}), **gateway_env,
-                                  "STREAMLAB_GATEWAY_JOB_ROUTE": f"g{k}"}
+                                  **store_env(k), "STREAMLAB_GATEWAY_JOB_ROUTE": f"g{k}"}
         gateway["depends_on"] = {**gateway.get("depends_on", {}), **engines, **store}
         services[f"gateway-{k}"] = gateway
     # The console sends a hop's calls to the Toxiproxy service that has it: the

@@ -180,8 +180,15 @@ class ServedLab:
 
     @property
     def store_url(self) -> str:
-        """Redis through the `store` hop: what the gateways use."""
-        return f"redis://{self.ports.host}:{self.ports.store_proxy_port}/0"
+        """Redis through the `store` hop: what the first gateway uses."""
+        return self.store_url_of("gateway")
+
+    def store_url_of(self, gateway: str) -> str:
+        """Redis through this gateway's own store hop (`store` for `gateway`,
+        `store-2` for `gateway-2`, …): one replica can be cut from it alone."""
+        _, k = split_replica(gateway)
+        port = replica_port(self.ports, self.ports.store_proxy_port, k)
+        return f"redis://{self.ports.host}:{port}/0"
 
     # ---- addresses -----------------------------------------------------------
     @property

@@ -211,10 +211,12 @@ class Lab(ServedLab):
                 REDIS, [find_redis(), "--bind", host, "--port", str(p.redis_port),
                         *persistence, "--dir", str(self.run_dir)],
                 ready=probes[REDIS])
-        # Several gateways share the resume log in Redis, through the `store` hop.
-        store_env = ({"STREAMLAB_GATEWAY_RESUME_STORE": "redis",
-                      "STREAMLAB_GATEWAY_REDIS_URL": self.store_url}
-                     if self.replicas.redis else {})
+        # Several gateways share the resume log in Redis, each through its own
+        # store hop (`store`, `store-2`, …).
+        def store_env(gateway: str) -> dict[str, str]:
+            return ({"STREAMLAB_GATEWAY_RESUME_STORE": "redis",
+                     "STREAMLAB_GATEWAY_REDIS_URL": self.store_url_of(gateway)}
+                    if self.replicas.redis else {})
         specs.update({
             **{process: ServiceSpec(
                 process,
@@ -233,7 +235,7 @@ class Lab(ServedLab):
                      "STREAMLAB_GATEWAY_CONSOLE_PORT": str(self.ports.console_port),
                      "STREAMLAB_GATEWAY_JOB_ROUTE": nginx.job_route(
                          name, self.replicas.gateways),
-                     **store_env, **self.options.gateway_env},
+                     **store_env(name), **self.options.gateway_env},
                 ready=probes[name], cwd=REPO_ROOT,
             ) for name in self.gateway_names},
             "nginx": ServiceSpec(

@@ -166,7 +166,9 @@ def split_replica(name: str) -> tuple[str, int]:
 
 
 # The faultable hops of a one-gateway, one-engine lab, client side first (as
-# hops() builds them). Replicas add `upstream-2`, `engine-2`, …; Redis adds `store`.
+# hops() builds them). Replicas add `upstream-2`, `engine-2`, …; Redis adds one
+# store hop per gateway (`store`, `store-2`, …: one replica can be cut from Redis
+# alone, the split-brain case of the `store-partition` scenario).
 HOP_NAMES = ("edge", "edge-h2", "upstream", "engine")
 STORE_HOP = "store"
 
@@ -174,7 +176,8 @@ STORE_HOP = "store"
 def is_hop_name(name: str) -> bool:
     """A name a hop of some lab can have (whether this lab runs it is Toxiproxy's to say)."""
     base, k = split_replica(name)
-    return name in HOP_NAMES or name == STORE_HOP or (k > 1 and base in ("upstream", "engine"))
+    return (name in HOP_NAMES or name == STORE_HOP
+            or (k > 1 and base in ("upstream", "engine", STORE_HOP)))
 
 
 def hops(ports: Ports, replicas: Replicas | None = None) -> tuple[Hop, ...]:
@@ -195,16 +198,21 @@ def hops(ports: Ports, replicas: Replicas | None = None) -> tuple[Hop, ...]:
                           replica_port(ports, ports.engine_proxy_port, k),
                           replica_port(ports, ports.engine_port, k), replica_name("engine", k)))
     if replicas.redis:
-        result.append(Hop(STORE_HOP, ports.store_proxy_port, ports.redis_port, "redis"))
+        # Each gateway reaches Redis through a hop of its own (store_url_of).
+        for k in range(1, replicas.gateways + 1):
+            result.append(Hop(replica_name(STORE_HOP, k),
+                              replica_port(ports, ports.store_proxy_port, k),
+                              ports.redis_port, "redis"))
     return tuple(result)
 
 
 def hops_of(replicas: Replicas, kind: str) -> tuple[str, ...]:
     """Every hop of one kind: `engine` → ("engine", "engine-2", …), `upstream`
-    likewise, one per replica; any other hop is the only one of its kind. A
-    test that faults "the engine hop" faults them all, or traffic through
-    the second replica would bypass the fault."""
-    count = {"upstream": replicas.gateways, "engine": replicas.engines}.get(kind)
+    and `store` (one per gateway) likewise; any other hop is the only one of its
+    kind. A test that faults "the engine hop" (or "the store") faults them all,
+    or traffic through another replica's hop would bypass the fault."""
+    count = {"upstream": replicas.gateways, "engine": replicas.engines,
+             STORE_HOP: replicas.gateways if replicas.redis else 1}.get(kind)
     return replica_names(kind, count) if count else (kind,)
 
 

@@ -114,7 +114,7 @@ def hops(lab: Lab) -> Iterator[None]:
     """Whatever a test turned off is on again after it."""
     yield
     with lab.toxiproxy() as toxiproxy:
-        for hop in ("store", *ENGINE_HOPS):
+        for hop in (*lab.hops_of("store"), *ENGINE_HOPS):
             toxiproxy.set_enabled(hop, True)
 
 
@@ -122,9 +122,11 @@ async def test_a_store_blip_is_retried_and_the_reader_elsewhere_ends_whole(
         lab: Lab, hops: None) -> None:
     def blip() -> None:
         with lab.toxiproxy() as toxiproxy:
-            toxiproxy.set_enabled("store", False)  # refused, and every connection closed
+            for hop in lab.hops_of("store"):  # every gateway's: the store itself blips
+                toxiproxy.set_enabled(hop, False)  # refused, and every connection closed
             time.sleep(2.0)
-            toxiproxy.set_enabled("store", True)
+            for hop in lab.hops_of("store"):
+                toxiproxy.set_enabled(hop, True)
 
     result = await read_through(lab, OTHER, blip)
     assert_whole(result)

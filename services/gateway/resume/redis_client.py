@@ -120,13 +120,18 @@ class CancelSafeRedis(Redis):
     a cancel, and whose connections are remade once their transport closed
     (the module's docstring says why)."""
 
+    # False: redis-py's stock connections (the `resume_store_errors=store_only`
+    # broken mode: a connection a Redis restart reset is written to again).
+    transport_aware = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Before the pool makes its first connection (`from_url` builds the
         # pool, then this client on it; a single-connection client, which
         # this project does not use, would have made its one already).
         pool = self.connection_pool
-        pool.connection_class = closed_transport_aware(pool.connection_class)
+        if self.transport_aware:
+            pool.connection_class = closed_transport_aware(pool.connection_class)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         # redis-py leaves execute_command unannotated.
@@ -137,3 +142,10 @@ class CancelSafeRedis(Redis):
                  ) -> CancelSafePipeline:
         return CancelSafePipeline(self.connection_pool, self.response_callbacks,
                                   transaction, shard_hint)
+
+
+class StockTransportRedis(CancelSafeRedis):
+    """CancelSafeRedis on redis-py's stock connections: the broken mode
+    (`resume_store_errors=store_only`) of the redis-restart scenario."""
+
+    transport_aware = False

@@ -116,8 +116,11 @@ def _already_written(result: object) -> bool:
 
 class LogMirror:
     def __init__(self, redis: Redis, keys: StreamKeys, meta: Callable[[], StreamMeta],
-                 *, running_ttl_s: float, pending_max: int, metrics: StoreMetrics) -> None:
-        """`meta`: the stream's metadata now (read at each write)."""
+                 *, running_ttl_s: float, pending_max: int, metrics: StoreMetrics,
+                 survive_any: bool = True) -> None:
+        """`meta`: the stream's metadata now (read at each write). `survive_any`
+        False: the broken mode (`resume_store_errors=store_only`), where an
+        exception that is not a store error ends the writer."""
         self._redis = redis
         self._keys = keys
         self._meta = meta
@@ -125,6 +128,7 @@ class LogMirror:
         self._pending: deque[Entry] = deque()
         self._pending_max = pending_max
         self._metrics = metrics
+        self._survive_any = survive_any
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.written_seq = 0  # every event up to here is in Redis (or was dropped)
@@ -191,6 +195,8 @@ class LogMirror:
                 batch = list(self._pending)
                 await self._write(batch, meta, tombstone_s)
             except Exception as exc:  # any failure: retried, never the end of the writer
+                if not self._survive_any and not isinstance(exc, STORE_ERRORS):
+                    raise  # the broken mode: the writer dies, its stream freezes in Redis
                 self._metrics.write_failures.inc()
                 if isinstance(exc, STORE_ERRORS):
                     log.warning("resume log write failed (%d events pending): %s",

@@ -51,7 +51,7 @@ from sse_starlette import ServerSentEvent
 from services.gateway.errors import EngineError
 from services.gateway.resume.memory import MemoryStore, expired, find_local, follow_local, unknown
 from services.gateway.resume.record import RecordWriter, read_record
-from services.gateway.resume.redis_client import CancelSafeRedis
+from services.gateway.resume.redis_client import CancelSafeRedis, StockTransportRedis
 from services.gateway.resume.redis_control import POLL_S as CONTROL_POLL_S
 from services.gateway.resume.redis_control import ControlChannel
 from services.gateway.resume.redis_keys import (
@@ -157,7 +157,8 @@ class SharedStream(ResumableStream):
         self.mirror = LogMirror(
             store.redis, self.keys, self.meta,
             running_ttl_s=store.settings.max_stream_duration_s + policy.ttl_s,
-            pending_max=store.settings.redis_pending_max_events, metrics=store.store_metrics)
+            pending_max=store.settings.redis_pending_max_events, metrics=store.store_metrics,
+            survive_any=store.settings.resume_store_errors == "any")
 
     def meta(self) -> StreamMeta:
         replica = RELEASED if self._handed_off else self._store.settings.replica_id
@@ -351,11 +352,11 @@ class RedisStore(ResumeStore):
                                   "retry_on_timeout": False, "health_check_interval": 5}
         # Cancel-safe: redis-py's sends lose a cancel on Python 3.11, and a
         # reader's body would stream on after its client left (redis_client.py).
-        self.redis = CancelSafeRedis.from_url(settings.redis_url, socket_timeout=timeout,
-                                              **common)
-        self.tail_redis = CancelSafeRedis.from_url(settings.redis_url,
-                                                   socket_timeout=timeout + self.block_s,
-                                                   **common)
+        client = (CancelSafeRedis if settings.resume_store_errors == "any"
+                  else StockTransportRedis)
+        self.redis = client.from_url(settings.redis_url, socket_timeout=timeout, **common)
+        self.tail_redis = client.from_url(settings.redis_url,
+                                          socket_timeout=timeout + self.block_s, **common)
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
         self.store_metrics = StoreMetrics(metrics, self.metrics.tasks)

@@ -40,6 +40,7 @@ from typing import TypedDict
 
 from services.client.openai_stream import chat_body
 from streamlab.experiments.report import JSON, Check
+from streamlab.experiments.scenarios.history import History
 from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Timeline, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab
@@ -92,6 +93,7 @@ class Client:
     back_at: float | None = None  # first 200 after the restore
     cut: bool = False  # its connection was lost
     terminal_data: bytes = b""  # the terminal event's data (a cancel's reason)
+    history: History = field(default_factory=History)  # every event, for history.judge
 
 
 async def _request(host: str, port: int, head: str, body: bytes = b""
@@ -231,9 +233,12 @@ class Storm:
             elif name == b"data":
                 data = value
         if event_id is None:
+            if kind in ("gap", "retry"):
+                client.history.saw(kind, None, time.perf_counter(), data)
             return
         client.last_event_id = event_id
         client.seqs.append(int(event_id.rsplit(":", 1)[1]))
+        client.history.saw(kind, client.seqs[-1], time.perf_counter(), data)
         if kind == "token":
             client.tokens += 1
             client.data[client.seqs[-1]] = data

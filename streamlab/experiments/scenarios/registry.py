@@ -38,6 +38,7 @@ FAMILIES = (
     "replica_loss",
     "responses_resume",
     "transient_trouble",
+    "store_outages",
 )
 
 _PACKAGE = "streamlab.experiments.scenarios."

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlab.experiments.report import JSON, Figures
+from streamlab.experiments.scenarios.history import History
 from streamlab_protocol.sse import Comment, SSEDecoder
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})
@@ -92,6 +93,7 @@ class Reader:
     error: str | None = None  # why it stopped without a terminal event
     gaps: int = 0
     last_id: str | None = None
+    history: History = field(default_factory=History)  # every event, for history.judge
 
     @property
     def text(self) -> str:
@@ -158,6 +160,11 @@ class Reader:
             for item in decoder.feed(payload):
                 if isinstance(item, Comment):
                     continue
+                if item.event in ("gap", "retry"):  # no id of their own (id: is the last in force)
+                    self.history.saw(item.event, None, time.monotonic(), item.data)
+                elif item.id:
+                    self.history.saw(item.event, int(item.id.rsplit(":", 1)[1]),
+                                     time.monotonic(), item.data)
                 if item.event == "gap":
                     self.gaps += 1
                     continue

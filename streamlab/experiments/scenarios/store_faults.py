@@ -96,11 +96,13 @@ async def store_faults(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
                 owner = urls.pop(str(status["replica"]).rsplit(":", 1)[-1])
                 other = next(iter(urls.values()))
                 latency_from = time.perf_counter()
-                toxiproxy.add_toxic("store", Toxic("latency", {"latency": LATENCY_MS}))
+                for hop in private.hops_of("store"):  # every gateway's: the store is slow
+                    toxiproxy.add_toxic(hop, Toxic("latency", {"latency": LATENCY_MS}))
                 await asyncio.sleep(LATENCY_S)
                 latency_to = time.perf_counter()
                 toxiproxy.reset()
-                toxiproxy.add_toxic("store", Toxic("timeout", {"timeout": 0}, "upstream"))
+                for hop in private.hops_of("store"):
+                    toxiproxy.add_toxic(hop, Toxic("timeout", {"timeout": 0}, "upstream"))
                 cut_from = time.perf_counter()
                 await asyncio.sleep(0.5)
                 # Straight to each gateway: the owner serves its readers from

@@ -218,7 +218,7 @@ def blip_env(transient: str) -> dict[str, str]:
 async def blip_both(lab: Lab) -> None:
     """The store hop off, back; then both engine hops off, back."""
     with lab.toxiproxy() as toxiproxy:
-        for hops in (("store",), ENGINE_HOPS):
+        for hops in (lab.hops_of("store"), ENGINE_HOPS):
             for hop in hops:
                 toxiproxy.set_enabled(hop, False)
             await asyncio.sleep(BLIP_S)

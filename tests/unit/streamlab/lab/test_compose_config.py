@@ -163,12 +163,16 @@ def test_replicas_override_adds_second_replicas_and_redis_checked_with_an_init()
     # The same wiring, each with its own job tag (nginx routes a job's polls by it).
     assert override["gateway"]["environment"].pop("STREAMLAB_GATEWAY_JOB_ROUTE") == "g1"
     assert gateway_env["STREAMLAB_GATEWAY_JOB_ROUTE"] == "g2"
-    assert gateway_env == {**gateway_env, **override["gateway"]["environment"]}
+    # ... but Redis through a store hop of its own (one replica cut alone).
+    first_env = override["gateway"]["environment"]
+    assert first_env.pop("STREAMLAB_GATEWAY_REDIS_URL") == (
+        f"redis://toxiproxy-backend:{ports.store_proxy_port}/0")
+    assert gateway_env["STREAMLAB_GATEWAY_REDIS_URL"] == (
+        f"redis://toxiproxy-backend:{ports.store_proxy_port + step}/0")
+    assert gateway_env == {**gateway_env, **first_env}
     assert gateway_env["STREAMLAB_GATEWAY_ENGINE_TARGET"] == (
         f"toxiproxy-backend:{ports.engine_proxy_port},"
         f"toxiproxy-backend:{ports.engine_proxy_port + ports.replica_port_step}")
-    assert gateway_env["STREAMLAB_GATEWAY_REDIS_URL"] == (
-        f"redis://toxiproxy-backend:{ports.store_proxy_port}/0")
 
 
 def test_each_replica_hop_leads_to_its_own_container_on_the_base_port() -> None:
@@ -177,7 +181,7 @@ def test_each_replica_hop_leads_to_its_own_container_on_the_base_port() -> None:
              compose_config.toxiproxy_specs(ports, compose_config.COMPOSE_REPLICAS)}
     assert specs["upstream-2"] == f"gateway-2:{ports.gateway_port}"
     assert specs["engine-2"] == f"engine-2:{ports.engine_port}"
-    assert specs["store"] == f"redis:{ports.redis_port}"
+    assert specs["store"] == specs["store-2"] == f"redis:{ports.redis_port}"
     nginx_conf = compose_config.NGINX_REPLICAS_CONFIG.read_text()
     step = ports.replica_port_step
     assert (f"least_conn;\n    server toxiproxy-backend:{ports.upstream_port} max_fails=0;\n"

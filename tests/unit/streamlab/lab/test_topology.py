@@ -33,15 +33,16 @@ def test_one_replica_keeps_the_four_hops_of_old(ports: Ports) -> None:
     assert [h.name for h in hops(ports)] == ["edge", "edge-h2", "upstream", "engine"]
 
 
-def test_each_replica_has_its_own_hop_and_redis_the_store_hop(ports: Ports) -> None:
+def test_each_replica_has_its_own_hop_and_each_gateway_its_store_hop(ports: Ports) -> None:
     by_name = {h.name: h for h in hops(ports, Replicas(gateways=3, engines=2, redis=True))}
     assert list(by_name) == ["edge", "edge-h2", "upstream", "upstream-2", "upstream-3",
-                             "engine", "engine-2", "store"]
+                             "engine", "engine-2", "store", "store-2", "store-3"]
     step = ports.replica_port_step
     assert by_name["upstream-3"].listen_port == ports.upstream_port + 2 * step
     assert by_name["upstream-3"].upstream_port == ports.gateway_port + 2 * step
     assert by_name["engine-2"].upstream_port == ports.engine_port + step
-    assert by_name["store"].upstream_port == ports.redis_port
+    assert by_name["store"].upstream_port == by_name["store-3"].upstream_port == ports.redis_port
+    assert by_name["store-2"].listen_port == ports.store_proxy_port + step
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -53,7 +54,7 @@ def test_replica_names_split_back(name: str, expected: tuple[str, int]) -> None:
 
 
 def test_hop_names_of_replicas_are_known_and_others_not() -> None:
-    assert all(map(is_hop_name, ("edge", "upstream-2", "engine-3", "store")))
+    assert all(map(is_hop_name, ("edge", "upstream-2", "engine-3", "store", "store-2")))
     assert not any(map(is_hop_name, ("gateway-2", "upstream-1", "nope", "edge-2")))
 
 

@@ -128,4 +128,4 @@ def test_the_catalogue_s_needs() -> None:
     assert {n for n, v in needs.items() if not v} == {
         "buffering", "buffering-header", "gzip", "websocket-upgrade", "seventh-tab",
         "reconnect-storm", "store-faults", "rolling-deploy", "replica-loss",
-        "owner-killed-storm", "transient-blip"}
+        "owner-killed-storm", "transient-blip", "redis-restart", "store-partition"}

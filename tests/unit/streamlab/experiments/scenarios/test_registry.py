@@ -20,11 +20,11 @@ ORDER = (
     "slow-reader-edge", "resume", "resume-upstream", "engine-reset", "engine-cut",
     "engine-down", "engine-blackhole", "seventh-tab", "h2-shared-fate", "reconnect-storm",
     "store-faults", "rolling-deploy", "replica-loss", "responses-resume",
-    "owner-killed-storm", "transient-blip",
+    "owner-killed-storm", "transient-blip", "redis-restart", "store-partition",
 )
 
 
-def test_the_31_scenarios_in_catalogue_order() -> None:
+def test_the_33_scenarios_in_catalogue_order() -> None:
     assert registry.names() == ORDER
     assert [s.name for s in registry.all_scenarios()] == list(ORDER)
 
