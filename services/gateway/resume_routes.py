@@ -221,6 +221,10 @@ def _come_back(stream_id: str, raw: str | None, gateway: GatewayState,
     answers. The stream's own `retry:` (it may have asked for a shorter one)
     is in the store; this one is the gateway's, with the stream's jitter."""
     settings = gateway.settings
+    # The reader came: noted for the owner, who would otherwise cancel a
+    # stream nobody attached to (`never_attached`) while its reader retries.
+    gateway.streams.attempted(stream_id, Attach(at=-1.0, last_event_id=raw,
+                                                resumed_after=-1, missed=None))
     retry = settings.resume_retry_ms + retry_jitter_ms(stream_id, settings.resume_retry_jitter_ms)
     headers = {"X-Request-Id": stream_id[:80]}
     if raw:

@@ -35,6 +35,7 @@ from services.engine.backends.fake import token_text
 from streamlab.experiments.scenarios.replica_lab import free_ports
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
+from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.sse import Event, SSEDecoder
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, TEST_SEND_TIMEOUT_S
 from tests.wait import wait_until_async
@@ -49,6 +50,13 @@ EXPECTED = "".join(token_text(i) for i in range(TOKENS))
 # The reader's own watchdog: longer than the 10 s pause, so only the gateway's
 # answer decides how the reader ends, and no test hangs.
 READ_TIMEOUT_S = 30.0
+# A stream nobody attaches to within this is cancelled `never_attached` (the
+# default is 10 s). Longer than the first attempt takes to be noted through the
+# slow store: the first resume's 1 s bound, then a script's 2-3 round trips.
+ATTACH_TIMEOUT_S = 8.0
+# Slower than the other gateway's store bound (1 s: each of its resumes answers
+# `retry`), faster than the bound of its background write of the attempt (5 s).
+SLOW_STORE_MS = 1200
 # Whatever the environment says (the module docstring's broken run sets it).
 TRANSIENT = os.environ.get("STREAMLAB_GATEWAY_RESUME_TRANSIENT", "retry")
 
@@ -58,7 +66,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     options = LabOptions(
         run_dir=tmp_path_factory.mktemp("resume-transient"),
         engine_env=dict(TEST_ENGINE_ENV),
-        gateway_env={**TEST_GATEWAY_ENV, "STREAMLAB_GATEWAY_RESUME_TRANSIENT": TRANSIENT},
+        gateway_env={**TEST_GATEWAY_ENV, "STREAMLAB_GATEWAY_RESUME_TRANSIENT": TRANSIENT,
+                     "STREAMLAB_GATEWAY_RESUME_ATTACH_TIMEOUT_S": str(ATTACH_TIMEOUT_S)},
         nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
         console=False, gateways=2, engines=2)
     private = Lab(free_ports(options), options)
@@ -210,3 +219,45 @@ async def test_a_killed_owners_stream_nobody_reads_is_taken_over_by_the_sweep(
             await anyio.to_thread.run_sync(lab.start_service, OTHER)
     assert rest.terminal == "done", (rest.terminal, rest.terminal_data)
     assert first + rest.indexes == list(range(TOKENS)), "each token once"
+
+
+async def test_a_reader_told_to_retry_before_it_ever_attached_keeps_its_stream(
+        lab: Lab, hops: None) -> None:
+    """The other gateway's store is slow (its reads time out; Redis is up, as
+    under a reconnect storm on a loaded machine): its answer to the reader's
+    first GETs is `event: retry`, so no reader ever attaches while the
+    owner's attach timeout passes. The gateway notes each attempt in the
+    stream's record, the owner finds a reader came and gives it its grace,
+    and the reader, once the store answers again, reads the whole text. The
+    broken behaviour (no attempt noted): the owner cancelled the stream
+    `never_attached` while its reader kept retrying."""
+    other_store = lab.hops_of("store")[1]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=5.0)) as client:
+        with lab.toxiproxy() as toxiproxy:
+            toxiproxy.add_toxic(other_store, Toxic("latency", {"latency": SLOW_STORE_MS}))
+            created = await create_stream(client, lab.url_of(OWNER), body())
+            created_at = time.monotonic()
+            result: ResumeResult | None = None
+
+            async def read() -> None:
+                nonlocal result
+                result = await follow_stream(client, lab.url_of(OTHER), created,
+                                             max_connections=200)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(read)
+
+                async def attempt_noted() -> bool:
+                    status = (await client.get(
+                        f"{lab.url_of(OWNER)}/v1/streams/{created['id']}")).json()
+                    return any(a["at"] < 0 for a in status["attaches"])
+
+                await wait_until_async(attempt_noted, timeout_s=15.0, interval_s=0.2,
+                                       what="the retried reader's attempt in the record")
+                # The slow store outlasts the attach timeout: the owner decides
+                # meanwhile (the fault's length, not a wait for something).
+                await anyio.sleep(created_at + ATTACH_TIMEOUT_S + 1.0 - time.monotonic())
+                toxiproxy.reset()
+    assert result is not None
+    assert result.retries, "the reader was told to come back before it attached"
+    assert_whole(result)

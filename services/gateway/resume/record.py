@@ -67,6 +67,18 @@ return ttl
 """
 
 
+# KEYS attaches, meta; ARGV the record (JSON), how many attaches to keep.
+# Appends the attempt to a stream that exists, with meta's remaining life.
+RECORD_ATTEMPT = """
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl <= 0 then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
+"""
+
+
 def reader_json(record: Attach) -> str:
     """The member string of a reader: the same for its attach and every refresh."""
     return json.dumps(asdict(record), separators=(",", ":"))
@@ -84,13 +96,17 @@ class RecordWriter:
     when it leaves (in the background: its task may be cancelled)."""
 
     def __init__(self, redis: Redis, ttl_s: float, timeout_s: float,
-                 fallback_ttl_s: float, failures: TaskFailures) -> None:
+                 fallback_ttl_s: float, failures: TaskFailures,
+                 patient: Redis | None = None) -> None:
+        """`patient`: a client with a longer socket timeout, for the writes
+        no request waits for (a retried reader's attempt)."""
         self._redis = redis
         self._failures = failures
         self._ttl_s = ttl_s
         self._timeout_s = timeout_s
         self._fallback_ms = int(fallback_ttl_s * 1000)
         self._script = redis.register_script(RECORD_ATTACH)
+        self._attempt = (patient or redis).register_script(RECORD_ATTEMPT)
         self._reading: dict[str, tuple[StreamKeys, str]] = {}  # reader id -> keys, member
         self._writes: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -133,6 +149,19 @@ class RecordWriter:
                 await self.attach(keys, record)
 
         self._spawn(write(), "reader_attach", f"attach-{record.reader}", keys.attaches)
+
+    def attempted(self, keys: StreamKeys, record: Attach, timeout_s: float) -> None:
+        """A reader told `event: retry` before it could attach: in `attaches`
+        only (it reads nothing yet, so not in `readers`), in the background,
+        with its own bound. Only onto a stream whose meta exists (a stream id
+        nobody created makes no key)."""
+        async def write() -> None:
+            with contextlib.suppress(*STORE_ERRORS):
+                async with asyncio.timeout(timeout_s):
+                    await self._attempt(keys=[keys.attaches, keys.meta],
+                                        args=[reader_json(record), MAX_ATTACH_RECORDS])
+
+        self._spawn(write(), "reader_attempt", f"attempt-{record.reader}", keys.attaches)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], task: str, name: str,
                subject: str) -> None:

@@ -138,6 +138,8 @@ TAKEOVER_CONCURRENCY = 64
 SWEEP_TIMEOUT_S = 10.0
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
+# A retried reader's attempt is written within this many store timeouts.
+ATTEMPT_WRITE_BOUND = 5
 
 
 class SharedStream(ResumableStream):
@@ -357,6 +359,10 @@ class RedisStore(ResumeStore):
         self.redis = client.from_url(settings.redis_url, socket_timeout=timeout, **common)
         self.tail_redis = client.from_url(settings.redis_url,
                                           socket_timeout=timeout + self.block_s, **common)
+        # Writes no request waits for, which may take longer than a request's
+        # bound: a retried reader's attempt (`attempted`).
+        self.patient_redis = client.from_url(
+            settings.redis_url, socket_timeout=ATTEMPT_WRITE_BOUND * timeout, **common)
         self.memory = MemoryStore(settings, metrics, build=self._build)
         self.metrics = self.memory.metrics
         self.store_metrics = StoreMetrics(metrics, self.metrics.tasks)
@@ -374,7 +380,7 @@ class RedisStore(ResumeStore):
         self.record = RecordWriter(
             self.redis, settings.redis_follower_ttl_s, settings.redis_timeout_s,
             fallback_ttl_s=settings.max_stream_duration_s + settings.resume_ttl_s,
-            failures=self.store_metrics.tasks)
+            failures=self.store_metrics.tasks, patient=self.patient_redis)
         self._prewritten: set[str] = set()  # readers `attached` wrote, until `follow`
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
         self._sweeper: asyncio.Task[None] | None = None
@@ -531,6 +537,15 @@ class RedisStore(ResumeStore):
         except STORE_ERRORS:
             self.store_metrics.write_failures.inc()
             self.store_metrics.store_failed()
+
+    def attempted(self, stream_id: str, record: Attach) -> None:
+        """In the background, with a longer bound than a request's: the read
+        that failed was most often a timeout on a loaded machine with Redis
+        up, and the owner reads this list before it cancels a stream
+        `never_attached` (SharedStream._check_once)."""
+        if is_stream_id(stream_id):
+            self.record.attempted(stream_keys(KEY_PREFIX, stream_id), self.stamped(record),
+                                  timeout_s=ATTEMPT_WRITE_BOUND * self.settings.redis_timeout_s)
 
     def follow(self, found: FoundStream, after: int, record: Attach
                ) -> AsyncIterator[ServerSentEvent]:
@@ -914,7 +929,7 @@ class RedisStore(ResumeStore):
         await self.control.stop()
         await self.record.close()
         await asyncio.gather(*self._disowning, return_exceptions=True)  # each bounded
-        for client in (self.redis, self.tail_redis):
+        for client in (self.redis, self.tail_redis, self.patient_redis):
             with contextlib.suppress(*STORE_ERRORS):
                 await client.aclose()
 

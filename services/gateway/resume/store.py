@@ -94,6 +94,12 @@ class ResumeStore(ABC):
     async def attached(self, found: FoundStream, record: Attach) -> None:  # noqa: B027
         """A reader is about to be served (`follow` with the same record comes
         next): a store whose record is shared writes it now, before the
+    def attempted(self, stream_id: str, record: Attach) -> None:  # noqa: B027 (optional)
+        """A reader came for the stream and was told `event: retry` (the store
+        could not say where the stream is): a store whose record is shared
+        notes the attempt, so the owner counts the reader as come (a stream
+        is not cancelled `never_attached` while its reader keeps retrying)."""
+
         response starts, so a status asked the moment the client sees the
         response open lists it on every replica. Never refuses the reader."""
 

@@ -32,7 +32,8 @@ log = logging.getLogger("streamlab.gateway")
 # the owner's grace check; the take-over sweep and a take-over; the list of
 # the streams this replica owns (the sweep's, once it is gone).
 RESUME_TASKS = ("producer", "log_writer", "control", "reader_left", "reader_attach",
-                "readers_presence", "presence", "tail", "grace_check", "takeover", "owned_list")
+                "reader_attempt", "readers_presence", "presence", "tail", "grace_check",
+                "takeover", "owned_list")
 
 
 class TaskFailures:
