@@ -95,8 +95,9 @@ def _policy(settings: GatewaySettings, options: ResumeOptions | None,
         options.grace_s, settings.resume_grace_s)
     ttl = settings.resume_ttl_s if options.ttl_s is None else min(
         options.ttl_s, settings.resume_ttl_s)
-    retry = settings.resume_retry_ms if options.retry_ms is None else options.retry_ms
-    retry += retry_jitter_ms(stream_id, settings.resume_retry_jitter_ms)
+    # The server's retry is spread per stream; a client's own is its choice.
+    retry = (settings.resume_retry_ms + retry_jitter_ms(stream_id, settings.resume_retry_jitter_ms)
+             if options.retry_ms is None else options.retry_ms)
     max_events = settings.resume_log_max_events if options.max_events is None else min(
         options.max_events, settings.resume_log_max_events)
     return StreamPolicy(grace_s=grace, ttl_s=ttl, retry_ms=retry, max_events=max_events)

@@ -154,8 +154,12 @@ class GatewaySettings(BaseSettings):
     # Each stream's `retry:` is resume_retry_ms plus its own offset in
     # [0, this), drawn from the stream id: after an edge blip the clients come
     # back spread over this window instead of all on the same tick (a
-    # reconnect storm, docs/resume.md). 0: every stream gets the same interval.
-    resume_retry_jitter_ms: int = Field(0, ge=0, le=600_000)
+    # reconnect storm, docs/resume.md). On by default: the reconnect-storm
+    # scenario's fixed mode is the shipped setting (500 streams back within
+    # 10 s, the peak under 4x the steady rate). A stream whose client asked for
+    # its own `retry_ms` gets exactly that (its choice). 0: no spread (the
+    # storm's broken mode: every stream on the same tick).
+    resume_retry_jitter_ms: int = Field(4000, ge=0, le=600_000)
     # New connections on the resume surface (a create, or a GET of the events)
     # per second per gateway, with a burst of one second's worth; past it, 429
     # with Retry-After. 0: no such limit.

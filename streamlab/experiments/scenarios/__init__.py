@@ -15,6 +15,10 @@
     store_faults.py  the resume store (Redis) slow or gone under live streams
     rolling_deploy.py restart 3 gateways one at a time under 200 resumable streams
     replica_loss.py  SIGKILL the gateway that owns a generation, mid-stream
+    transient_trouble.py  a storm with the owner killed; store and engine-hop blips
+    store_outages.py Redis restarted, one gateway cut from Redis (split brain)
+    history.py       the one judge of resuming readers' events (exactly once, order,
+                     no silent gap, an end), for the storms and the store outages
     replica_lab.py   a private lab with replicas, up and down around one run
     resuming_readers.py  cheap EventSource-like readers, hundreds at once
     runner.py        run(lab, scenario, mode, timing) -> Report, judged;

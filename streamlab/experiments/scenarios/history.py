@@ -54,7 +54,7 @@ class History:
 
     def saw(self, kind: str, seq: int | None, at: float, data: str | bytes = b"") -> None:
         missed, reason = None, ""
-        if kind == "gap" or kind in TERMINAL:
+        if kind in ("gap", "retry") or kind in TERMINAL:
             try:
                 parsed = json.loads(data or b"{}")
             except ValueError:
@@ -123,6 +123,7 @@ def judge(histories: Sequence[History], tokens: int | Sequence[int]) -> Figures:
     lengths = [tokens] * len(histories) if isinstance(tokens, int) else list(tokens)
     verdicts = [judge_one(h, n) for h, n in zip(histories, lengths, strict=True)]
     ends = Counter(v.end for v in verdicts if v.end != "done")
+    retries = Counter(s.reason or "retry" for h in histories for s in h.seen if s.kind == "retry")
     return {
         "readers": len(verdicts),
         "readers_whole": sum(v.whole for v in verdicts),
@@ -139,4 +140,7 @@ def judge(histories: Sequence[History], tokens: int | Sequence[int]) -> Figures:
                                and v.out_of_order == 0 for v in verdicts),
         "ends_other_than_done": ", ".join(f"{k} {n}" for k, n in ends.most_common(4))
                                 or "none",
+        # `event: retry` told to readers, by why (the store unreachable, an
+        # engine re-attach): trouble that passed, said and not an end.
+        "retries_told": ", ".join(f"{k} {n}" for k, n in retries.most_common(3)) or "none",
     }

@@ -200,7 +200,7 @@ REDIS_RESTART = Scenario(
         "the shipped settings: any failed write retried, a reset connection made again"),
     shown=("streams", "tokens_at_kill", "readers", "readers_whole", "readers_told",
            "readers_hung", "duplicates", "silent_gaps", "told_gaps", "ends_other_than_done",
-           "streams_left_running", "unretrieved_task_errors"),
+           "retries_told", "streams_left_running", "unretrieved_task_errors"),
 )
 
 
@@ -312,7 +312,7 @@ STORE_PARTITION = Scenario(
         "take-over by the survivor and re-attach to the generation; the old owner steps aside"),
     shown=("owned_by_cut", "taken_over_5s", "taken_over_20s", "readers", "readers_whole",
            "readers_told", "readers_hung", "duplicates", "silent_gaps",
-           "ends_other_than_done", "stepped_aside", "second_writers",
+           "ends_other_than_done", "retries_told", "stepped_aside", "second_writers",
            "engine_generations_started",
            "engine_generations_reattached"),
 )

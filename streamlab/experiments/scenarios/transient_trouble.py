@@ -44,6 +44,7 @@ from services.engine.backends.fake import token_text
 from services.gateway.resume.redis_keys import stream_keys
 from services.gateway.resume.redis_store import KEY_PREFIX
 from streamlab.experiments.report import Check, Figures
+from streamlab.experiments.scenarios.history import judge
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.reconnect_storm import Client, Storm
 from streamlab.experiments.scenarios.registry import register
@@ -62,24 +63,16 @@ CUT_AFTER_RAMP_S = 0.5
 CUT_S = 2.0
 KILL_INTO_CUT_S = 0.5
 GIVE_UP_AFTER_S = 60.0
-RETRY_MS, JITTER_MS = 1000, 4000  # reconnect-storm's fixed spread
 
 
 def storm_env(reattach: bool) -> dict[str, str]:
-    return {
-        "STREAMLAB_GATEWAY_RESUME_RETRY_MS": str(RETRY_MS),
-        "STREAMLAB_GATEWAY_RESUME_RETRY_JITTER_MS": str(JITTER_MS),
-        "STREAMLAB_GATEWAY_RESUME_ADMISSION": "first",
-        # Longer than the cut plus the longest retry: no stream is cancelled for
-        # want of a reader while its client waits to come back.
-        "STREAMLAB_GATEWAY_RESUME_GRACE_S": "30",
-        # The same for a stream whose client has not attached yet: the ramp's
-        # last streams are created just before the cut, and their clients come
-        # back only after it and their retry.
-        "STREAMLAB_GATEWAY_RESUME_ATTACH_TIMEOUT_S": "30",
-        "STREAMLAB_GATEWAY_REATTACH": str(reattach).lower(),
-        "STREAMLAB_GATEWAY_RESUME_TRANSIENT": "retry" if reattach else "terminal",
-    }
+    """Fixed: the shipped settings (jittered `retry:`, resumes first, the 10 s
+    grace and attach timeout). Broken: no re-attach, and the terminal answer
+    to trouble."""
+    if reattach:
+        return {}
+    return {"STREAMLAB_GATEWAY_REATTACH": "false",
+            "STREAMLAB_GATEWAY_RESUME_TRANSIENT": "terminal"}
 
 
 def metas(lab: Lab, ids: list[str]) -> dict[str, dict[str, str]]:
@@ -161,7 +154,8 @@ async def owner_killed_storm(target: LabTarget, setup: Setup, timing: Timing) ->
         "streams_whole": sum(whole(c) for c in clients),
         "killed_owners_streams_whole": sum(whole(c) for c in victims),
         "streams_lost": sum(not whole(c) for c in clients),
-        "duplicates": sum(len(c.seqs) - len(set(c.seqs)) for c in clients),
+        # Every client's events (history.py): duplicates, order, silent gaps, an end.
+        **judge([c.history for c in clients], STORM_TOKENS),
         "ends_other_than_done": ", ".join(f"{k} {v}" for k, v in ends.most_common(3)) or "none",
         "end_reasons": ", ".join(f"{k} {v}" for k, v in reasons.most_common(3)) or "none",
         "engine_generations_started": stats.generations_started,
@@ -190,13 +184,16 @@ OWNER_KILLED_STORM = Scenario(
          Check("live_at_cut", ">=", 1, "cut and killed mid-stream"),
          Check("streams_lost", "==", 0, "every stream whole, ending done"),
          Check("duplicates", "==", 0, "each token once"),
+         Check("histories_sound", "==", True, "no silent gap, no reader left waiting"),
          Check("engine_generations_reattached", ">=", 1, "the survivor re-attached"),
          Check("completed_for_nobody", "==", 0,
                "no generation completed for a client told it ended")),
-        "re-attach; the take-over waits out only a store outage seen by the survivor's own "
-        "heartbeat (not its readers' timeouts under load); the engine holds an orphan 60 s"),
+        "the shipped settings: re-attach; the take-over waits out only a store outage seen by "
+        "the survivor's own heartbeat (not its readers' timeouts under load); the engine "
+        "holds an orphan 60 s"),
     shown=("streams", "owner_killed", "owned_by_killed", "live_at_cut", "streams_whole",
-           "killed_owners_streams_whole", "streams_lost", "duplicates", "ends_other_than_done",
+           "killed_owners_streams_whole", "streams_lost", "duplicates", "silent_gaps",
+           "readers_hung", "retries_told", "ends_other_than_done",
            "end_reasons",
            "engine_generations_started", "engine_generations_reattached",
            "completed_for_nobody"),

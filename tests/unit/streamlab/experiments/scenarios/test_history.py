@@ -75,3 +75,11 @@ def test_judge_sums_readers_and_says_whether_every_history_is_sound() -> None:
     assert figures["ends_other_than_done"] == "cancelled owner_lost 1"
     figures = judge([whole, told, hung], TOKENS)
     assert figures["readers_hung"] == 1 and figures["histories_sound"] is False
+
+
+def test_retries_told_are_counted_by_why_and_are_no_end() -> None:
+    store = ("retry", None, {"code": "resume_store_unavailable"})
+    h = history(*tokens(1, 2), store, store, *tokens(3, 4, 5), ("done", 6))
+    figures = judge([h], TOKENS)
+    assert figures["readers_whole"] == 1
+    assert figures["retries_told"] == "resume_store_unavailable 2"
