@@ -34,11 +34,11 @@ check-protos:
 
 # The lock files under requirements/ (what install.sh, the images and CI
 # install), compiled from pyproject.toml with uv, which lives in a venv of its
-# own under .tools/ (it is no dependency of the project). `check-lock` is
-# offline: tests/unit/test_lock.py runs it too.
-UV_VERSION := 0.13.9
+# own under .tools/ (it is no dependency of the project; requirements/uv.lock
+# pins it with its hashes). `check-lock` is offline: tests/unit/test_lock.py
+# runs it too.
 lock:
-	@[ -x .tools/uv/bin/uv ] || { python3 -m venv .tools/uv && .tools/uv/bin/pip install -q uv==$(UV_VERSION); }
+	@[ -x .tools/uv/bin/uv ] || { python3 -m venv .tools/uv && .tools/uv/bin/pip install -q -r requirements/uv.lock; }
 	python3 scripts/lock.py --uv .tools/uv/bin/uv
 
 check-lock:
@@ -124,6 +124,14 @@ test-compose-proxies: install
 toxiproxy-regression:
 	bash scripts/build_toxiproxy.sh --test
 	bash scripts/build_toxiproxy.sh --show-wedge
+
+# The wheel as a user outside the clone gets it (~1 min; CI runs it): sdist and
+# wheel built and `twine check`ed, installed into a fresh venv in a temporary
+# directory, then from there --version, install toxiproxy, up, check, the
+# plugin's fixtures and the docs' example plugin test (scripts/check_wheel.sh).
+.PHONY: check-wheel
+check-wheel: install
+	bash scripts/check_wheel.sh
 
 # Regenerate the compose lab's Toxiproxy and nginx configs from lab.env.
 compose-config:

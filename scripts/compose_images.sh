@@ -4,8 +4,9 @@
 #
 #   PYTHON_IMAGE=localhost/streamlab-base-python:bookworm      (for python:3.12.12-slim-bookworm)
 #   NGINX_IMAGE=localhost/streamlab-base-nginx:bookworm        (for nginx:1.27.5)
-#   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0-<patch> (for ghcr.io/shopify/toxiproxy;
-#     the lab's patched build, scripts/build_toxiproxy.sh)
+#   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0-<patch> (for the `patched` stage of
+#     proxies/toxiproxy/Dockerfile, which compiles it in the Go image: the same patched
+#     build, from scripts/build_toxiproxy.sh)
 #
 # Each one is built only when podman does not have it yet (delete one with
 # `podman rmi` to rebuild it). Needs root, podman and debootstrap; called by

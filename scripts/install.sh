@@ -52,7 +52,7 @@ if ! has_extras "$EXTRAS"; then
             | paste -sd, -)
   say "creating .venv and installing requirements/$lock.lock, then the project (extras $wanted)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements/pip.lock  # pip itself, pinned too
   .venv/bin/python -m pip install -q -r "requirements/$lock.lock"
   .venv/bin/python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-* && tr ',' '\n' <<<"$wanted" > "$stamp"

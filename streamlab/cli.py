@@ -7,7 +7,19 @@ from typing import Annotated
 
 import typer
 
-from streamlab.commands import bench, check, compose, console, lab, scenario, soak, toxic
+from streamlab.commands import (
+    bench,
+    check,
+    compose,
+    console,
+    conventions,
+    install,
+    lab,
+    logs,
+    scenario,
+    soak,
+    toxic,
+)
 from streamlab.commands.exits import EXIT_STATUS_HELP
 
 # Shell completion: `streamlab --install-completion` (bash, zsh, fish, PowerShell).
@@ -15,6 +27,7 @@ app = typer.Typer(help=__doc__, epilog=EXIT_STATUS_HELP, no_args_is_help=True,
                   add_completion=True)
 # Lab lifecycle: up, down, status, chat (top-level commands).
 app.registered_commands.extend(lab.app.registered_commands)
+app.registered_commands.extend(logs.app.registered_commands)
 # Families of commands register here, one line each:
 app.registered_commands.extend(soak.app.registered_commands)
 app.registered_commands.extend(console.app.registered_commands)
@@ -23,6 +36,7 @@ toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")
 app.add_typer(compose.app, name="compose")
+app.add_typer(install.app, name="install")  # `install toxiproxy`: what the wheel cannot carry
 
 
 def package_version() -> str:
@@ -47,6 +61,11 @@ def _options(
         callback=_print_version)] = False,
 ) -> None:
     """`streamlab`: bring the lab up, break it on purpose, measure it, take it down."""
+
+
+# Last, after every command registered above: --json on every path, one exit
+# status per outcome, help within 80 columns (commands/conventions.py).
+conventions.apply(app)
 
 
 def main() -> None:

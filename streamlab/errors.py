@@ -21,8 +21,15 @@
       │   ├── ToxiproxyError        Toxiproxy refused (.status_code) or was unreachable
       │   │                         (0); the console answers its status, else 502
       │   │                         (toxiproxy.py)
-      │   └── ToxicSpecError        a toxic Toxiproxy would not understand (also a
-      │                             ValueError; the console answers 400; toxiproxy.py)
+      │   ├── ToxicSpecError        a toxic Toxiproxy would not understand (also a
+      │   │                         ValueError; the console answers 400; toxiproxy.py)
+      │   ├── ToxiproxyNotFound     no toxiproxy-server where streamlab looks for one
+      │   │                         (also a FileNotFoundError; streamlab/paths.py)
+      │   ├── ToolMissing           `streamlab install toxiproxy` found no suitable Go
+      │   │                         (or no patch, no git): exit 2 (also a RuntimeError;
+      │   │                         toxiproxy_install.py)
+      │   └── ToxiproxyBuildFailed  its download or build failed, quoting Go (also a
+      │                             RuntimeError; toxiproxy_install.py)
       ├── running experiments (streamlab/experiments/)
       │   ├── ScenarioUnavailable   this lab or machine cannot run the scenario: the
       │   │                         tests skip with its reason (also a RuntimeError;
@@ -36,10 +43,14 @@
       │   ├── NoModel               `streamlab check` got no --model and the server's
       │   │                         /v1/models lists none: exit 2 (check/runner.py)
       │   └── BrowserError          the headless browser failed (browser.py)
-      └── the web console's control API (streamlab/console/control.py)
-          ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also
-          │                         a LookupError)
-          └── EngineUnreachable     GetStats failed: 503 (also a RuntimeError)
+      ├── the web console's control API (streamlab/console/control.py)
+      │   ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also
+      │   │                         a LookupError)
+      │   └── EngineUnreachable     GetStats failed: 503 (also a RuntimeError)
+      └── the commands (streamlab/commands/conventions.py)
+          └── CommandFailed         a command gives up: its message on stderr (and in
+                                    its --json document), its exit status (also
+                                    click's ClickException)
 
 Each stays in the module that raises it; the commands (streamlab/commands/)
 turn them into a message and an exit status. The builtin base each had before

@@ -4,8 +4,9 @@ and its faults as fixtures, and `streamlab check` as tests.
 Fixtures:
 
     streamlab_lab           the running lab from its run dir (--streamlab-run-dir,
-                            default .run), or one started for the session on free
-                            ports and stopped at its end
+                            default: the one `streamlab up` uses, streamlab/paths.py),
+                            or one started for the session on free ports and
+                            stopped at its end
     streamlab_edge_url      where clients connect: the whole chain
     streamlab_toxics        faults on a hop, undone when the block ends:
                                 with streamlab_toxics.idle_cut("edge", seconds=2): ...
@@ -50,8 +51,9 @@ if TYPE_CHECKING:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("streamlab", "streamlab: a streaming lab and its checks")
     group.addoption("--streamlab-run-dir", default=None,
-                    help="The run dir of a lab `streamlab up` started (default: .run "
-                         "under the current directory); none there: the session starts one.")
+                    help="The run dir of a lab `streamlab up` started (default: the one "
+                         "`streamlab up` uses: $STREAMLAB_STATE_DIR, a clone's .run or the "
+                         "user's state directory); none there: the session starts one.")
     group.addoption("--streamlab-target", default=None, metavar="URL",
                     help="Run `streamlab check` against this OpenAI base URL as tests.")
     group.addoption("--streamlab-model", default=None,
@@ -66,6 +68,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # ---- the lab ---------------------------------------------------------------------
 
+def lab_run_dir(config: pytest.Config) -> Path:
+    """--streamlab-run-dir, else the run dir `streamlab up` uses (streamlab/paths.py)."""
+    from streamlab.paths import run_dir
+
+    given = config.getoption("--streamlab-run-dir")
+    return Path(given) if given else run_dir()
+
+
 @pytest.fixture(scope="session")
 def streamlab_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[LabTarget]:
@@ -74,8 +84,7 @@ def streamlab_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     from streamlab.lab.processes import free_ports
     from streamlab.lab.topology import Ports
 
-    given = request.config.getoption("--streamlab-run-dir")
-    run_dir = Path(given) if given else Path.cwd() / ".run"
+    run_dir = lab_run_dir(request.config)
     if (run_dir / "state.json").exists():
         yield Lab.attach(run_dir)
         return

@@ -6,7 +6,10 @@ Every bench exits 0 when its checks held, 1 when one did not (or it crashed),
 unreachable (commands/exits.py). Three benches measure against targets rather
 than judge a run: `relay` (performance targets), `scale` (a sweep meant to
 cross its cadence target) and `setup` (CPU per stream set-up): they show a
-missed target and exit 0."""
+missed target and exit 0.
+
+A list option takes its items either way: repeated (`--sweep 10 --sweep 50`)
+or comma-separated (`--sweep 10,50`)."""
 
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from streamlab.commands.conventions import fail, split_list
 from streamlab.commands.exits import (
     EXIT_CODES,
     EXIT_CODES_TARGETS,
@@ -48,6 +51,23 @@ def _plot_extra(plot: Path | None) -> Path | None:
     return plot
 
 
+def _list_option(values: list[str] | None, default: str) -> list[str]:
+    """A list option's items (repeated, comma-separated or both), else `default`'s."""
+    return split_list(values, default.split(","))
+
+
+def _ints(option: str, values: list[str] | None, default: str) -> list[int]:
+    items = _list_option(values, default)
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise typer.BadParameter(f"{option} {','.join(items)!r}: whole numbers") from None
+
+
+# A list option: repeated or comma-separated; None is the default its help names.
+ListOption = list[str] | None
+
+
 def _progress() -> Progress:
     # On stderr, so `--json > file` stays clean.
     return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
@@ -63,7 +83,7 @@ def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
     if plot is not None:
         report = render.plot(report, plot)
         for artifact in report.artifacts:
-            err.print(f"plot written to {artifact.path}")
+            err.print(f"plot written to {artifact.path}", markup=False)
     render.show(report, console, as_json=as_json, as_markdown=as_markdown)
     if verdict:
         verdict_exit(report)
@@ -73,9 +93,10 @@ def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
              short_help="Polling, long polling, SSE, WebSocket, gRPC: same model.")
 def transports(
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    repetitions: Annotated[int, typer.Option("--reps", "-n", min=1,
+    repetitions: Annotated[int, typer.Option("--repeat", "--reps", "-n", min=1,
                                              help="Runs per transport.")] = 5,
-    intervals: Annotated[str, typer.Option(help="Short-polling intervals, ms.")] = "50,250,1000",
+    intervals: Annotated[ListOption, typer.Option(
+        help="Short-polling intervals, ms (default: 50,250,1000).")] = None,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 50,
     gap_ms: Annotated[int, typer.Option(min=1, help="Model's gap between tokens.")] = 50,
     gzip: Annotated[bool, typer.Option(help="Let HTTP clients accept gzip (nginx "
@@ -88,7 +109,7 @@ def transports(
 ) -> None:
     """Polling (several intervals), long polling, SSE, WebSocket and direct gRPC, same model."""
     lab = reach(run_dir)
-    intervals_ms = [int(x) for x in intervals.split(",") if x.strip()]
+    intervals_ms = _ints("--intervals", intervals, "50,250,1000")
     names = transport_names(intervals_ms)
     timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
     with experiment_exits(), _progress() as progress:
@@ -107,8 +128,8 @@ def transports(
              short_help="What each hop of the relay costs, against floor and naive.")
 def relay(
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")
-                           ] = "1,64",
+    concurrency: Annotated[ListOption, typer.Option(
+        help="Concurrency levels (default: 1,64).")] = None,
     streams_c1: Annotated[int, typer.Option(min=1, help="Streams at concurrency 1.")] = 10,
     tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 20,
     gap_ms: Annotated[int, typer.Option(min=1, help="Model's gap between tokens.")] = 50,
@@ -116,10 +137,9 @@ def relay(
                                                    "(0 skips it).")] = 100,
     load_gap_ms: Annotated[int, typer.Option(min=1, help="Gap in the load cell.")] = 20,
     load_tokens: Annotated[int, typer.Option(min=2, help="Tokens per load stream.")] = 100,
-    only: Annotated[str, typer.Option("--paths", help="Only these paths, comma-separated "
-                                      "(grpc, grpc via hop, gateway, via nginx, full chain, floor, "
-                                      "naive).")
-                    ] = "",
+    only: Annotated[ListOption, typer.Option(
+        "--paths", help="Only these paths (grpc, grpc via hop, gateway, via nginx, full "
+                        "chain, floor, naive; default: all).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print Markdown tables.")
                            ] = False,
@@ -128,9 +148,9 @@ def relay(
     from streamlab.experiments.bench.relay import bench_relay
 
     lab = reach(run_dir)
-    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    levels = _ints("--concurrency", concurrency, "1,64")
     timing = replace(BENCH_TIMING, gap_ms=gap_ms, tokens=tokens)
-    wanted = {name.strip() for name in only.split(",") if name.strip()}
+    wanted = set(split_list(only))
     with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting", total=None)
 
@@ -175,8 +195,7 @@ def slow_readers(
         try:
             report = compare(lab, clients, tokens, timeout_s, on_sample)
         except ReadersRefused as exc:
-            err.print(f"[red]{escape(str(exc))}[/]")
-            raise typer.Exit(1) from None
+            fail(str(exc))
     _render(report, as_json=as_json, plot=plot)
 
 
@@ -231,7 +250,8 @@ def gpu(
     size: Annotated[str, typer.Option(help="The random model: tiny or gpt2-small.")] = "tiny",
     device: Annotated[str, typer.Option(help="auto, cuda, cuda:1, cpu.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, bfloat16, float16, float32.")] = "auto",
-    batches: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8,32",
+    batches: Annotated[ListOption, typer.Option(
+        help="Batch sizes (default: 1,8,32).")] = None,
     max_tokens: Annotated[int, typer.Option(min=2, help="Tokens per generation.")] = 64,
     cancel_after: Annotated[int, typer.Option(min=1, help="Tokens before a cancel.")] = 4,
     cpu_threads: Annotated[int, typer.Option(min=0, help="torch CPU threads (0: all).")] = 0,
@@ -249,7 +269,7 @@ def gpu(
         raise typer.BadParameter(f"--dtype {dtype!r}: one of {', '.join(sorted(dtypes))}")
     options = GpuBenchOptions(
         model=model or None, size=size, device=device, dtype=cast(DType, dtype),
-        batches=tuple(int(b) for b in batches.split(",")), max_tokens=max_tokens,
+        batches=tuple(_ints("--batches", batches, "1,8,32")), max_tokens=max_tokens,
         cancel_after=cancel_after, cpu_threads=cpu_threads)
     report = asyncio.run(run_gpu_bench(options))
     for failure in report.failures:
@@ -261,14 +281,14 @@ def gpu(
              short_help="N paced streams: cadence, TTFT, CPU per token as N grows.")
 def scale(
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    sweep: Annotated[str, typer.Option(help="Stream counts to try, comma-separated; stops "
-                                            "after every clock broke cadence.")
-                     ] = "10,50,100,200,400",
+    sweep: Annotated[ListOption, typer.Option(
+        help="Stream counts to try (default: 10,50,100,200,400); stops after every clock "
+             "broke cadence.")] = None,
     tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 100,
     step_ms: Annotated[int, typer.Option(min=1, help="The engine's step (each stream's gap).")
                        ] = 20,
-    clocks: Annotated[str, typer.Option(help="Engine clocks to compare.")
-                      ] = "batched,per_stream",
+    clocks: Annotated[ListOption, typer.Option(
+        help="Engine clocks to compare (default: batched,per_stream).")] = None,
     entry: Annotated[str, typer.Option(help="Where streams enter: edge (the full chain), "
                                             "nginx or gateway.")] = "edge",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -283,9 +303,9 @@ def scale(
                                                          "(one a second).")] = 20,
     slow_ramp_s: Annotated[float, typer.Option(min=0.0, help="Cell c: seconds over which "
                                                              "the slow streams open.")] = 10.0,
-    admission: Annotated[str, typer.Option(help="Cell c: the gateway's set-up admission, "
-                                                "each in turn: off, on, or off,on.")
-                         ] = "off,on",
+    admission: Annotated[ListOption, typer.Option(
+        help="Cell c: the gateway's set-up admission, each in turn: off, on (default: "
+             "off,on).")] = None,
     admission_rate: Annotated[float, typer.Option(min=0.1, help="Cell c: set-ups a second "
                                                                 "with admission on.")
                               ] = 200.0,
@@ -316,9 +336,9 @@ def scale(
     lab = reach(run_dir)
     if entry not in ENTRIES:
         raise typer.BadParameter(f"entry must be edge, nginx or gateway, not {entry!r}")
-    modes = tuple(m.strip() for m in admission.split(",") if m.strip())
-    if not modes or any(m not in ("off", "on") for m in modes):
-        raise typer.BadParameter(f"--admission {admission!r}: off, on, or off,on")
+    modes = tuple(_list_option(admission, "off,on"))
+    if any(m not in ("off", "on") for m in modes):
+        raise typer.BadParameter(f"--admission {','.join(modes)!r}: off, on, or off,on")
 
     def on_cell(cell: ScaleCell) -> None:
         icl = cell.load.icl_ms
@@ -328,8 +348,8 @@ def scale(
 
     with experiment_exits():
         report = bench_scale(
-            lab, sweep=tuple(int(x) for x in sweep.split(",") if x.strip()), tokens=tokens,
-            step_ms=step_ms, clocks=tuple(c.strip() for c in clocks.split(",") if c.strip()),
+            lab, sweep=tuple(_ints("--sweep", sweep, "10,50,100,200,400")), tokens=tokens,
+            step_ms=step_ms, clocks=tuple(_list_option(clocks, "batched,per_stream")),
             entry=entry, slow_streams=slow_streams, slow_tokens=slow_tokens,
             slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
             cadence=not skip_cadence, setup_streams=setup_streams,
@@ -346,7 +366,9 @@ def load(
     url: Annotated[str, typer.Argument(help="Where to send the streams (the edge by default).")
                    ] = "",
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    streams: Annotated[int, typer.Option(help="Streams at once (fixed concurrency).")] = 100,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "--streams", min=1, help="Streams at once (fixed concurrency).")
+    ] = 100,
     rate: Annotated[float, typer.Option(help="Open loop instead: Poisson arrivals per "
                                              "second.")] = 0.0,
     duration_s: Annotated[float, typer.Option(help="How long arrivals go on (with --rate).")
@@ -362,7 +384,7 @@ def load(
 
     target = url or f"{reach(run_dir).edge_url}/v1/chat/completions"
     with experiment_exits():
-        report = bench_load(target, streams=streams, rate=rate, duration_s=duration_s,
+        report = bench_load(target, streams=concurrency, rate=rate, duration_s=duration_s,
                             tokens=tokens, gap_ms=gap_ms, heartbeat_s=heartbeat_s)
     _render(report, as_json=as_json)
 
@@ -416,10 +438,11 @@ def setup(
 @app.command(epilog=EXIT_CODES_TARGETS,
              short_help="Gateway memory per open slow stream, on each engine wire.")
 def memory(
-    streams: Annotated[int, typer.Option(min=10, help="Slow streams held at once.")] = 1000,
-    wire: Annotated[str, typer.Option(help="Engine wires: per_request, multiplexed, or "
-                                           "both, comma-separated.")
-                    ] = "per_request,multiplexed",
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "--streams", min=10, help="Slow streams held at once.")] = 1000,
+    wire: Annotated[ListOption, typer.Option(
+        help="Engine wires, each in turn: per_request, multiplexed (default: both).")
+    ] = None,
     trace: Annotated[bool, typer.Option(help="Also run under tracemalloc: what each "
                                              "stream holds, by where it was made.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -429,12 +452,12 @@ def memory(
     engine wire, against the 40 KiB target; `--trace` adds the top allocations."""
     from streamlab.experiments.bench.memory import WIRES, bench_memory
 
-    wires = tuple(w.strip() for w in wire.split(",") if w.strip())
-    if not wires or any(w not in WIRES for w in wires):
-        raise typer.BadParameter(f"--wire {wire!r}: {' or '.join(WIRES)}, comma-separated")
+    wires = tuple(split_list(wire, WIRES))
+    if any(w not in WIRES for w in wires):
+        raise typer.BadParameter(f"--wire {','.join(wires)!r}: {' or '.join(WIRES)}")
     with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting", total=None)
-        report = bench_memory(streams, wires, trace=trace,
+        report = bench_memory(concurrency, wires, trace=trace,
                               on_step=lambda step: progress.update(task, description=step))
     # The target is a figure to read (a miss is the finding): exit 0 on it.
     _render(report, as_json=as_json, verdict=False)

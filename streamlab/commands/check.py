@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -27,11 +28,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-# Typer 0.29 carries its own click: its parser raises that click's errors.
-from typer._click.core import Context
-from typer._click.exceptions import UsageError
-from typer.core import TyperCommand
-
+from streamlab.commands.completion import complete_checks
+from streamlab.commands.conventions import StreamlabCommand, split_list
 from streamlab.experiments.check.junit import junit_xml
 from streamlab.experiments.check.runner import CHECKS, NoModel, check_url
 from streamlab.experiments.check.target import CheckTarget
@@ -58,20 +56,15 @@ def print_document(doc: dict[str, Any]) -> None:
     print(json.dumps(doc, indent=2, default=str))
 
 
-class JsonUsageErrors(TyperCommand):
-    """Under --json a usage error is a JSON document too (`| jq` never breaks)."""
+class JsonUsageErrors(StreamlabCommand):
+    """Under --json a usage error is a JSON document too (`| jq` never breaks),
+    the check's own: its schema, no checks, the error (commands/conventions.py
+    prints it, as it does every command's)."""
 
-    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
-        as_json = "--json" in args
-        try:
-            return super().parse_args(ctx, args)
-        except UsageError as exc:
-            if not as_json:
-                raise
-            print_document(document(None, url=next((a for a in args if "://" in a), ""),
-                                    error=("usage", exc.format_message())))
-            errors.print(exc.format_message(), markup=False, highlight=False)
-            ctx.exit(EXIT_USAGE)
+    def error_document(self, args: Sequence[str], kind: str, message: str,
+                       code: int) -> dict[str, Any]:
+        return document(None, url=next((a for a in args if "://" in a), ""),
+                        error=(kind, message))
 
 
 def stop_on_sigterm() -> None:
@@ -110,7 +103,8 @@ def check_command(
         help="The gauge of generations running now, when it is none of vLLM's, "
              "SGLang's, llama.cpp's, TGI's or the lab's.")] = None,
     only: Annotated[list[str] | None, typer.Option(
-        help=f"Run only these checks (repeatable): {', '.join(CHECKS)}.")] = None,
+        help=f"Run only these checks (repeat it, or separate with commas): "
+             f"{', '.join(CHECKS)}.", autocompletion=complete_checks)] = None,
     extra_body: Annotated[str | None, typer.Option(
         help='JSON merged into every request: \'{"ignore_eos": true}\', min_tokens, '
              "chat_template_kwargs ...")] = None,
@@ -126,8 +120,8 @@ def check_command(
     idle_cut_s: Annotated[float, typer.Option(
         help="The idle timeout a heartbeat must beat: a proxy's read timeout (nginx and "
              "cloud load balancers: 60 s; 20 s leaves a margin).")] = 20.0,
-    streams: Annotated[int, typer.Option(help="Concurrency check: streams at once.",
-                                         min=1)] = 8,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "--streams", help="Concurrency check: streams at once.", min=1)] = 8,
     leave_streams: Annotated[int, typer.Option(
         help="Cancel check without metrics: long streams left at once (more than the "
              "server's slots).", min=1)] = 2,
@@ -158,13 +152,14 @@ def check_command(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             fail("usage", f"{api_key_env} is not set", EXIT_USAGE)
-    unknown = [name for name in only or () if name not in CHECKS]
+    only = split_list(only)
+    unknown = [name for name in only if name not in CHECKS]
     if unknown:
         fail("usage", f"unknown check {unknown[0]!r}: one of {', '.join(CHECKS)}", EXIT_USAGE)
     try:
         target = CheckTarget(url, model or "", api_key=api_key, metrics_url=metrics_url,
                              running_gauge=running_gauge, silence_s=silence_s,
-                             idle_cut_s=idle_cut_s, streams=streams,
+                             idle_cut_s=idle_cut_s, streams=concurrency,
                              extra_body=parse_extra_body(extra_body), prompt_words=prompt_words,
                              answer_tokens=answer_tokens, leave_streams=leave_streams,
                              stream_deadline_s=stream_deadline_s, timeout_s=timeout_s)

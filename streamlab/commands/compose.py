@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
+from streamlab.commands.conventions import AsJson, fail, print_json
 from streamlab.lab import compose_config
 from streamlab.lab.topology import REPO_ROOT
 
@@ -24,18 +24,25 @@ err = Console(stderr=True)
 def config(
     check: Annotated[bool, typer.Option(
         "--check", help="Fail if the committed files differ; write nothing.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Write Toxiproxy's and nginx's compose configs from lab.env and the hop definition."""
     if check:
         try:
             compose_config.check()
         except compose_config.ConfigDrift as exc:
-            err.print(f"[red]{escape(str(exc))}[/]")
-            raise typer.Exit(1) from exc
-        console.print("compose configs are up to date")
+            fail(str(exc))
+        if as_json:
+            print_json({"up_to_date": True})
+        else:
+            console.print("compose configs are up to date")
         return
-    for path in compose_config.write():
-        console.print(f"wrote {path.relative_to(REPO_ROOT)}")
+    written = [str(path.relative_to(REPO_ROOT)) for path in compose_config.write()]
+    if as_json:
+        print_json({"wrote": written})
+        return
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
 
 
 @app.command(short_help="Make the compose lab's CA and nginx TLS certificate.")
@@ -43,9 +50,13 @@ def tls(
     directory: Annotated[str, typer.Option(
         "--dir", help="Where to write them (compose.yaml mounts STREAMLAB_TLS_DIR, "
                       "default proxies/nginx/tls).")] = str(compose_config.TLS_DIR),
+    as_json: AsJson = False,
 ) -> None:
     """Make the compose lab's CA and nginx certificate (kept if present): with them
     nginx's TLS + HTTP/2 listener comes up (docs/http2.md). Keys stay in DIR,
     which git ignores."""
     made = compose_config.write_tls(Path(directory))
-    console.print(f"CA: {made.ca_cert} (trust it: curl --cacert {made.ca_cert})")
+    if as_json:
+        print_json({"ca_cert": str(made.ca_cert), "dir": directory})
+        return
+    console.print(f"CA: {made.ca_cert} (trust it: curl --cacert {made.ca_cert})", markup=False)

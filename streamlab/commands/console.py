@@ -9,10 +9,12 @@ while you break hops and press Stop (docs/console.md).
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
+from streamlab.commands.conventions import print_json
 from streamlab.lab.topology import Ports
 
 app = typer.Typer()
@@ -24,6 +26,8 @@ def console(
                     ] = None,
     port: Annotated[int | None, typer.Option(
         help="Listen on this port (default: STREAMLAB_CONSOLE_PORT from lab.env).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print where it serves as one JSON document, then serve.")] = False,
 ) -> None:
     """Serve the lab console (streams, toxics, presets, counters).
 
@@ -37,7 +41,11 @@ def console(
     settings = ConsoleSettings.for_ports(Ports.load())
     settings = settings.model_copy(update={k: v for k, v in {"host": host, "port": port}.items()
                                            if v is not None})
-    print(f"streamlab console on http://{settings.host}:{settings.port}/ "
-          f"(streams through {settings.edge_url})", flush=True)
+    url = f"http://{settings.host}:{settings.port}/"
+    if as_json:
+        print_json({"url": url, "edge": settings.edge_url})
+        sys.stdout.flush()
+    else:
+        print(f"streamlab console on {url} (streams through {settings.edge_url})", flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level="warning", timeout_graceful_shutdown=2)

@@ -8,6 +8,9 @@ that is not there:
     2  usage              an unknown name or option, or a lab without a
                           capability the experiment needs (the message names it)
     3  target unreachable no lab up from the run dir, or its Toxiproxy API down
+
+The same codes hold for every command (commands/conventions.py): "no lab" is 3
+wherever a command needs one.
 """
 
 from __future__ import annotations
@@ -18,24 +21,30 @@ from pathlib import Path
 
 import httpx
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from streamlab.commands.conventions import (
+    EXIT_AS_EXPECTED,
+    EXIT_UNEXPECTED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    fail,
+)
 from streamlab.commands.lab import attached
 from streamlab.experiments.report import Report
 from streamlab.lab.target import LabTarget, MissingCapability
 from streamlab.lab.toxiproxy import ToxiproxyError
 
-EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+__all__ = ["EXIT_AS_EXPECTED", "EXIT_CODES", "EXIT_CODES_TARGETS", "EXIT_STATUS_HELP",
+           "EXIT_UNEXPECTED", "EXIT_UNREACHABLE", "EXIT_USAGE", "experiment_exits", "reach",
+           "verdict_exit"]
 
 # `streamlab --help`'s epilog: the codes, in one line (rich rewraps it).
 EXIT_STATUS_HELP = (f"Exit status: {EXIT_AS_EXPECTED} as expected; {EXIT_UNEXPECTED} not as "
                     "expected (a check failed, the run crashed, a command failed); "
                     f"{EXIT_USAGE} usage (an unknown name or option, or a lab without a "
                     f"capability the command needs); {EXIT_UNREACHABLE} the lab is "
-                    "unreachable (scenario run, bench and soak; the other commands exit "
-                    f"{EXIT_UNEXPECTED} when no lab is up). A command that prints a result "
-                    "takes --json: one JSON document on stdout.")
+                    "unreachable (no lab up, its Toxiproxy API down). Every command "
+                    "takes --json: one JSON document on stdout, an error's too.")
 
 # The epilog of `bench` and `soak` commands (the scenario command has its own
 # wording of the same codes, with skipped scenarios). One line: rich rewraps it.
@@ -48,14 +57,14 @@ EXIT_CODES = ("Exit status: 0 every check as expected; 1 a check not as expected
 EXIT_CODES_TARGETS = ("Exit status: 0 measured (a missed target is shown, not an error); "
                       "1 the run crashed; " + _USAGE_AND_UNREACHABLE)
 
-err = Console(stderr=True)
-
 
 def reach(run_dir: Path) -> LabTarget:
     """The lab, or exit 3: attached() has said why there is none."""
     try:
         return attached(run_dir)
     except typer.Exit as exc:
+        if exc.exit_code == EXIT_UNREACHABLE:
+            raise
         raise typer.Exit(EXIT_UNREACHABLE) from exc
 
 
@@ -66,17 +75,14 @@ def experiment_exits() -> Iterator[None]:
     try:
         yield
     except MissingCapability as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(EXIT_USAGE) from exc
+        fail(str(exc), EXIT_USAGE)
     except ToxiproxyError as exc:
         if exc.status_code:  # it answered and refused: the run's failure, not the lab's absence
             raise
-        err.print(f"[red]{escape(str(exc))}[/] (is the lab up? `streamlab status`)")
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+        fail(f"{exc} (is the lab up? `streamlab status`)", EXIT_UNREACHABLE)
     except httpx.ConnectError as exc:
-        err.print(f"[red]the lab does not answer: {escape(str(exc))}[/] (is it up? "
-                  "`streamlab status`)")
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+        fail(f"the lab does not answer: {exc} (is it up? `streamlab status`)",
+             EXIT_UNREACHABLE)
 
 
 def verdict_exit(report: Report) -> None:

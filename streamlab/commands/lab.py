@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
+from streamlab.commands.completion import complete_proxies
+from streamlab.commands.conventions import (
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    AsJson,
+    fail,
+    print_json,
+)
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
@@ -22,17 +29,21 @@ from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.processes import StartError
 from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
-from streamlab.lab.topology import REPO_ROOT, Ports, console_url
+from streamlab.lab.topology import Ports, console_url
+from streamlab.paths import RUN_DIR_VAR, clone
+from streamlab.paths import run_dir as default_run_dir
 
 app = typer.Typer()
 console = Console()
 err = Console(stderr=True)
 
-RunDir = Annotated[Path, typer.Option(help="Where logs, pids and rendered configs live.")]
-# Every command that prints a result takes it; the result goes to stdout as one
-# JSON document, anything else (spinners, warnings) to stderr.
-AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+RunDir = Annotated[Path, typer.Option(
+    help=f"Where logs, pids and rendered configs live (${RUN_DIR_VAR}; default: a clone's "
+         ".run, else the user's state directory).")]
+# AsJson: the result goes to stdout as one JSON document (an error's too:
+# commands/conventions.py), anything else (spinners, warnings) to stderr.
+# One default for every entry point, the pytest plugin's too (streamlab/paths.py).
+DEFAULT_RUN_DIR = default_run_dir()
 
 
 def attached(run_dir: Path) -> LabTarget:
@@ -41,17 +52,16 @@ def attached(run_dir: Path) -> LabTarget:
     if selected_target() == "compose":
         return ComposeLab.from_env()
     if not (run_dir / "state.json").exists():
-        err.print(f"[red]No lab is running from {run_dir}.[/] Start one with `streamlab up`.")
-        raise typer.Exit(1)
+        fail(f"No lab is running from {run_dir}. Start one with `streamlab up`.",
+             EXIT_UNREACHABLE)
     return Lab.attach(run_dir)
 
 
 def _not_for_compose(instead: str) -> None:
     # Compose owns the compose lab's lifecycle; two owners would fight over it.
     if selected_target() == "compose":
-        err.print(f"STREAMLAB_TARGET=compose: the compose lab is started and stopped by "
-                  f"compose itself: [bold]{instead}[/]")
-        raise typer.Exit(1)
+        fail(f"STREAMLAB_TARGET=compose: the compose lab is started and stopped by compose "
+             f"itself: {instead}", EXIT_USAGE)
 
 
 @app.command()
@@ -73,7 +83,7 @@ def up(
     with_console: Annotated[bool, typer.Option(
         "--console/--no-console", help="Serve the lab console too (docs/console.md).")] = True,
     nginx_send_timeout_s: Annotated[float | None, typer.Option(
-        "--nginx-send-timeout", min=0.1, metavar="SECONDS",
+        "--nginx-send-timeout-s", "--nginx-send-timeout", min=0.1, metavar="SECONDS",
         help="How long nginx waits for a client that accepts no bytes before closing it "
              "(default 30). A few seconds makes slow-reader-edge quick to run.")] = None,
     gateways: Annotated[int, typer.Option(
@@ -87,7 +97,7 @@ def up(
              "hop). Default: redis with more than one gateway, else memory.")] = None,
     proxy: Annotated[str, typer.Option(
         help=f"The proxy where nginx stands: {', '.join(PROXY_NAMES)} (installed on "
-             "first use; docs/proxies.md).")] = "nginx",
+             "first use; docs/proxies.md).", autocompletion=complete_proxies)] = "nginx",
     proxy_config: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False, metavar="FILE",
         help="Your own config for --proxy, with the lab's addresses as placeholders "
@@ -110,9 +120,7 @@ def up(
     if (run_dir / "state.json").exists():
         lab = Lab.attach(run_dir)
         if any(s["running"] for s in lab.status().values()):
-            err.print("[yellow]A lab is already up[/] (see `streamlab status`); "
-                      "`streamlab down` first.")
-            raise typer.Exit(1)
+            fail("A lab is already up (see `streamlab status`); `streamlab down` first.")
     if store not in (None, "memory", "redis"):
         raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
     if proxy not in PROXY_NAMES:
@@ -141,24 +149,23 @@ def up(
             lab.up()
     except (StartError, FileNotFoundError) as exc:
         # A proxy's refusal quotes its config ("[/path/haproxy.cfg:3]"): text
-        # from outside is printed as it is, never read as markup.
-        err.print(f"[red]streamlab up failed:[/] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+        # from outside is printed as it is, never read as markup (fail's is plain).
+        fail(f"streamlab up failed: {exc}")
     if as_json:
-        print(json.dumps(up_json(lab, with_console, run_dir), indent=2))
+        print_json(up_json(lab, with_console, run_dir))
         return
     _print_status(lab)
     console.print(f"\nTry: [bold]streamlab chat \"hello\"[/]   or   curl -N {lab.edge_url}"
                   "/v1/chat/completions -H 'content-type: application/json' "
                   "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
     if lab.edge_proxy == "nginx":  # the HTTP/2 edge is nginx's TLS listener
-        console.print(f"HTTP/2: curl --http2 --cacert {lab.tls.ca_cert} "
+        console.print(f"HTTP/2: curl --http2 --cacert {escape(str(lab.tls.ca_cert))} "
                       f"{lab.edge_h2_url}/nginx-health"
                       "   (the lab's CA; docs/http2.md says how a browser trusts it)")
     if with_console:
         console.print(f"Console: [bold]{console_url(lab.ports)}/[/]  (streams, toxics, "
                       "presets and Stop in the browser)")
-    console.print(f"Logs: {run_dir / 'logs'}   Stop: [bold]streamlab down[/]")
+    console.print(f"Logs: {escape(str(run_dir / 'logs'))}   Stop: [bold]streamlab down[/]")
 
 
 def _install_proxy(lab: Lab) -> None:
@@ -169,9 +176,13 @@ def _install_proxy(lab: Lab) -> None:
         lab.proxy.find()
     except ProxyNotInstalled:
         # stderr: progress, never part of `up --json`'s document.
-        err.print(f"{lab.edge_proxy} is not installed: installing it "
-                  "(scripts/install_proxies.sh)")
-        install(lab.edge_proxy)
+        if clone() is not None:  # an installed wheel has no script: install() says how
+            err.print(f"{lab.edge_proxy} is not installed: installing it "
+                      "(scripts/install_proxies.sh)")
+        try:
+            install(lab.edge_proxy)
+        except ProxyNotInstalled as exc:
+            fail(f"streamlab up failed: {exc}")
 
 
 def _warn_idle_cuts(lab: Lab) -> None:
@@ -187,8 +198,9 @@ def _warn_idle_cuts(lab: Lab) -> None:
     for timeout in idle_timeouts(lab.edge_proxy, text):
         if timeout.seconds > heartbeat_s:
             continue
-        err.print(f"[yellow]{config}: {timeout.describe()} is not longer than the gateway's "
-                  f"{heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
+        # The file's own words (its path, a directive): printed as they are.
+        err.print(f"[yellow]{escape(f'{config}: {timeout.describe()}')} is not longer than "
+                  f"the gateway's {heartbeat_s:g} s heartbeat: it cuts any stream that pauses[/]")
 
 
 def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
@@ -202,15 +214,25 @@ def up_json(lab: Lab, with_console: bool, run_dir: Path) -> dict[str, object]:
 
 
 @app.command()
-def down(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
-    """Stop every service of the lab (SIGTERM, grace, SIGKILL)."""
+def down(run_dir: RunDir = DEFAULT_RUN_DIR, as_json: AsJson = False) -> None:
+    """Stop every service of the lab (SIGTERM, grace, SIGKILL).
+
+    With no lab up there is nothing to stop: it says so and exits 0 (`make
+    down` twice is no error)."""
     _not_for_compose("docker compose down")
     if not (run_dir / "state.json").exists():
-        console.print("No lab is running.")
+        if as_json:
+            print_json({"stopped": [], "run_dir": str(run_dir), "was_up": False})
+        else:
+            console.print("No lab is running.")
         return
     lab = Lab.attach(run_dir)
-    with console.status("stopping the lab…"):
+    services = list(lab.pids)
+    with (err if as_json else console).status("stopping the lab…"):
         lab.down()
+    if as_json:
+        print_json({"stopped": services, "run_dir": str(run_dir), "was_up": True})
+        return
     console.print("Lab stopped.")
 
 
@@ -222,7 +244,7 @@ def status(
     """Each service, its address and whether it answers."""
     lab = attached(run_dir)
     if as_json:
-        print(json.dumps(lab.status(), indent=2))
+        print_json(lab.status())
         return
     _print_status(lab)
 
@@ -255,14 +277,16 @@ def _print_engine_load(lab: LabTarget) -> None:
              f" · queue {load.queue_waiting}/{load.queue_limit} waiting")
     if load.device_memory_allocated:
         line += f" · {load.device_memory_allocated / 2**20:.0f} MiB on the device"
-    console.print(line)
+    console.print(line, markup=False)  # the engine's own words (its backend, device)
 
 
 @app.command()
 def chat(
     prompt: str,
     run_dir: RunDir = DEFAULT_RUN_DIR,
-    path: Annotated[str, typer.Option(help="nginx location, e.g. /buffered/")] = "/",
+    location: Annotated[str, typer.Option(
+        "--location", "--path", help="The nginx location to go through, e.g. /buffered/.")
+    ] = "/",
     prefill_ms: Annotated[int | None, typer.Option(help="Fake model prefill delay.")] = None,
     gap_ms: Annotated[int | None, typer.Option(help="Fake model gap between tokens.")] = None,
     tokens: Annotated[int | None, typer.Option(help="How many tokens to generate.")] = None,
@@ -277,7 +301,7 @@ def chat(
 ) -> None:
     """Stream a reply through the edge, printing tokens as they arrive."""
     lab = attached(run_dir)
-    url = f"{lab.edge_url}{path.rstrip('/')}/v1/chat/completions"
+    url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
     body = chat_body(prompt, max_tokens=max_tokens, prefill_ms=prefill_ms, token_gap_ms=gap_ms,
                      answer_tokens=tokens)
 
@@ -287,15 +311,18 @@ def chat(
             result = await stream_chat(
                 client, url, body, headers={"X-Request-Id": request_id} if request_id else None,
                 on_token=None if as_json else (
-                    lambda t: console.print(t, end="", soft_wrap=True)))
+                    lambda t: console.print(t, end="", soft_wrap=True, markup=False,
+                                            highlight=False)))
         if as_json:
-            print(json.dumps(chat_json(result), indent=2))
+            print_json(chat_json(result))
             if result.error:
                 raise typer.Exit(1)
             return
         console.print()
         if result.error:
-            err.print(f"[red]error:[/] {result.error.get('message')} (HTTP {result.status})")
+            # The server's own words, printed as they are.
+            err.print(f"[red]error:[/] {escape(str(result.error.get('message')))} "
+                      f"(HTTP {result.status})")
         ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "-"
         console.print(f"[dim]TTFT {ttft} · total {result.total_s * 1000:.0f} ms · "
                       f"{len(result.texts)} tokens · request {result.request_id}[/]")

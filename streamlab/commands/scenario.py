@@ -30,6 +30,13 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from streamlab.commands.completion import (
+    complete_probes,
+    complete_proxies,
+    complete_scenarios,
+    complete_scenarios_or_all,
+)
+from streamlab.commands.conventions import fail, print_json, split_list
 from streamlab.commands.exits import (
     EXIT_UNEXPECTED,
     EXIT_UNREACHABLE,
@@ -68,31 +75,37 @@ def list_scenarios(
         "--json", help="The whole catalogue as data: setups and checks per mode (bounds at "
                        "the default timing).")] = False,
 ) -> None:
-    """Every scenario, one line each (`scenario show NAME` for the rest)."""
+    """Every scenario, one line each (`scenario show NAME` for the rest).
+
+    On a terminal each summary is cut to the width; piped, every line is whole."""
     from streamlab.experiments.scenarios import Timing, all_scenarios
 
     if as_json:
-        print(json.dumps([s.as_json(Timing()) for s in all_scenarios()], indent=2))
+        print_json([s.as_json(Timing()) for s in all_scenarios()])
         return
     catalogue = all_scenarios()
     name_width = max(len(s.name) for s in catalogue)
+    width = console.width if console.is_terminal else None
     for scenario in catalogue:
-        console.print(one_line(scenario.name, scenario.summary, name_width, console.width),
-                      highlight=False)
+        console.print(one_line(scenario.name, scenario.summary, name_width, width),
+                      highlight=False, soft_wrap=width is None)
 
 
-def one_line(name: str, summary: str, name_width: int, width: int) -> Text:
+def one_line(name: str, summary: str, name_width: int, width: int | None) -> Text:
     """`name  summary`, the summary cut with an ellipsis so the line fits `width`
-    (a wrapped catalogue is a wall of text at 80 columns)."""
+    (a wrapped catalogue is a wall of text at 80 columns); whole without one
+    (piped: `| grep` must see every word)."""
     line = Text(f"{name:<{name_width}}  ", style="bold")
     line.append(summary)
-    line.truncate(max(width, name_width + 4), overflow="ellipsis")
+    if width is not None:
+        line.truncate(max(width, name_width + 4), overflow="ellipsis")
     return line
 
 
 @app.command("show")
 def show_scenario(
-    name: Annotated[str, typer.Argument(help="A scenario (see `scenario list`).")],
+    name: Annotated[str, typer.Argument(help="A scenario (see `scenario list`).",
+                                        autocompletion=complete_scenarios)],
     as_json: Annotated[bool, typer.Option(
         "--json", help="The scenario as data (bounds at the default timing).")] = False,
 ) -> None:
@@ -103,11 +116,10 @@ def show_scenario(
     from streamlab.experiments.scenarios import MODES, Timing, get, names
 
     if name not in names():
-        err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(names())}")
-        raise typer.Exit(EXIT_USAGE)
+        fail(f"no scenario {name!r}; one of: {', '.join(names())}", EXIT_USAGE)
     scenario, timing = get(name), Timing()
     if as_json:
-        print(json.dumps(scenario.as_json(timing), indent=2))
+        print_json(scenario.as_json(timing))
         return
     console.print(f"[bold]{scenario.name}[/]: {scenario.summary}", highlight=False)
     needs = ", ".join(str(c) for c in sorted(scenario.needs)) or "nothing beyond a lab that is up"
@@ -153,7 +165,8 @@ def _plot_extra(plot: Path | None) -> Path | None:
 
 @app.command("run", epilog=EXIT_CODES)
 def run_command(
-    name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.")],
+    name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.",
+                                        autocompletion=complete_scenarios_or_all)],
     broken: Annotated[bool, typer.Option("--broken", help="Only the broken setup.")] = False,
     fixed: Annotated[bool, typer.Option("--fixed", help="Only the fixed setup.")] = False,
     both: Annotated[bool, typer.Option("--both", help="Both (the default).")] = False,
@@ -197,8 +210,7 @@ def run_command(
 
     known = scenarios.names()
     if name != "all" and name not in known:
-        err.print(f"[red]no scenario {name!r}[/]; one of: {', '.join(known)}, all")
-        raise typer.Exit(EXIT_USAGE)
+        fail(f"no scenario {name!r}; one of: {', '.join(known)}, all", EXIT_USAGE)
     modes: tuple[Mode, ...] = scenarios.MODES if both or broken == fixed else (
         ("broken",) if broken else ("fixed",))
     plan = scenarios.plan_runs(list(known) if name == "all" else [name], modes,
@@ -226,15 +238,14 @@ def run_command(
             lab, plan, timing, on_start=progress.started if progress else None,
             on_report=progress.ended if progress else None, watchdog=watchdog))
     except scenarios.TargetUnreachable as exc:
-        err.print(f"[red]{escape(str(exc))}[/] (is the lab up? `streamlab status`)")
-        raise typer.Exit(EXIT_UNREACHABLE) from exc
+        fail(f"{exc} (is the lab up? `streamlab status`)", EXIT_UNREACHABLE)
     if watchdog is not None and not as_json:
         for restart in watchdog.restarts:
             err.print(f"[yellow]watchdog:[/] {restart.describe()}")
     if plot is not None:
         report = write_plots(report, known if name == "all" else (name,), plot)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print_json(report.as_json())
     elif name == "all" or shuffle or repeat > 1:
         print_summary(report)
     if not report.as_expected:
@@ -255,7 +266,7 @@ def write_plots(report: Report, names: Sequence[str], plot: Path) -> Report:
             continue
         path = plot if len(names) == 1 else plot / f"{scenario}.png"
         plots.draw(scenario, rows, path)
-        err.print(f"plot written to {path}")
+        err.print(f"plot written to {path}", markup=False)
         drawn.append(Artifact("plot", str(path), f"{scenario}: token arrivals"))
     return replace(report, artifacts=report.artifacts + tuple(drawn))
 
@@ -371,12 +382,14 @@ MATRIX_EXIT_CODES = ("Exit status: 0 every cell measured (and your --proxy-confi
 @app.command("matrix", epilog=MATRIX_EXIT_CODES)
 def matrix_command(
     proxy: Annotated[list[str] | None, typer.Option(
-        "--proxy", help="A proxy to run (repeat for several; default: all four).")] = None,
+        "--proxy", help="Proxies to run: repeat it, or separate with commas (default: all "
+                        "four).", autocompletion=complete_proxies)] = None,
     proxy_config: Annotated[Path | None, typer.Option(
         "--proxy-config", exists=True, dir_okay=False,
         help="Your own config for the proxy (one --proxy): probed as it is.")] = None,
     probe: Annotated[list[str] | None, typer.Option(
-        "--probe", help="A probe to run (repeat; default: every probe).")] = None,
+        "--probe", help="Probes to run: repeat it, or separate with commas (default: every "
+                        "probe).", autocompletion=complete_probes)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The matrix as data.")] = False,
     as_markdown: Annotated[bool, typer.Option(
         "--markdown", help="The matrix as a Markdown table.")] = False,
@@ -396,19 +409,20 @@ def matrix_command(
     from streamlab.experiments.scenarios import edge_matrix, edge_probes
     from streamlab.lab.proxies import PROXY_NAMES
 
+    proxy, probe = split_list(proxy), split_list(probe)
     proxies = list(dict.fromkeys(proxy or PROXY_NAMES))
     unknown = [p for p in proxies if p not in PROXY_NAMES]
-    unknown_probes = [p for p in probe or [] if p not in edge_probes.probe_names()]
+    unknown_probes = [p for p in probe if p not in edge_probes.probe_names()]
     if unknown or unknown_probes:
-        err.print(f"[red]unknown: {', '.join(unknown + unknown_probes)}[/]; proxies: "
-                  f"{', '.join(PROXY_NAMES)}; probes: {', '.join(edge_probes.probe_names())}")
-        raise typer.Exit(EXIT_USAGE)
+        fail(f"unknown: {', '.join(unknown + unknown_probes)}; proxies: "
+             f"{', '.join(PROXY_NAMES)}; probes: {', '.join(edge_probes.probe_names())}",
+             EXIT_USAGE)
     if proxy_config is not None and len(proxies) != 1:
-        err.print("[red]--proxy-config needs exactly one --proxy[/] (the config's proxy)")
-        raise typer.Exit(EXIT_USAGE)
+        fail("--proxy-config needs exactly one --proxy (the config's proxy)", EXIT_USAGE)
     probes = [edge_probes.get_probe(p) for p in probe] if probe else list(edge_probes.PROBES)
     say = edge_matrix.stderr_say if as_json or as_markdown else (
-        lambda line: console.print(line, highlight=False))
+        # A lab's progress quotes a proxy's own refusal ("[emerg]", "[/path:3]"): as it is.
+        lambda line: console.print(line, highlight=False, markup=False))
     if from_json is not None:
         matrix = edge_matrix.Matrix.from_json(json.loads(from_json.read_text()))
         matrix.probes = [p for p in matrix.probes if not probe or p in probe]
@@ -422,7 +436,7 @@ def matrix_command(
         except ImportError:
             err.print("[yellow]--plot needs matplotlib: pip install -e '.[plot]'[/]")
     if as_json:
-        print(json.dumps(matrix.as_json(), indent=2))
+        print_json(matrix.as_json())
     elif as_markdown:
         print(edge_matrix.markdown(matrix), end="")
     else:

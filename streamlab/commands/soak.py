@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from streamlab.commands.completion import complete_broken
+from streamlab.commands.conventions import fail
 from streamlab.commands.exits import EXIT_CODES, EXIT_USAGE, experiment_exits, reach, verdict_exit
-from streamlab.commands.lab import DEFAULT_RUN_DIR
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.experiments.render import show
 from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN
@@ -24,18 +25,19 @@ console = Console()
 def soak_command(
     streams: Annotated[int, typer.Option(help="Streams to run in all.")] = 200,
     concurrency: Annotated[int, typer.Option(help="Streams open at once.")] = 20,
-    duration: Annotated[float, typer.Option(help="Upper bound in seconds.")] = 60.0,
+    duration_s: Annotated[float, typer.Option(
+        "--duration-s", "--duration", help="Upper bound in seconds.")] = 60.0,
     engine_kills: Annotated[int, typer.Option(help="Engine kills during the run.")] = 2,
     seed: Annotated[int, typer.Option(help="Random seed (behaviours, toxics).")] = 7,
     toxics: Annotated[bool, typer.Option(help="Toxics come and go on every hop.")] = True,
     broken: Annotated[str | None, typer.Option(
         help=f"Run against one broken thing (the verdict must fail): "
-             f"{', '.join(BROKEN)}.")] = None,
+             f"{', '.join(BROKEN)}.", autocompletion=complete_broken)] = None,
     self_test: Annotated[bool, typer.Option(
         "--self-test", help="Run against every broken thing in turn, without toxics "
                             "(each must fail its own checks), then against the lab as it "
                             "is (it must pass).")] = False,
-    run_dir: Annotated[Path, typer.Option(help="The lab's run dir.")] = DEFAULT_RUN_DIR,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """A chaos soak: toxics and engine kills under mixed clients.
@@ -54,14 +56,13 @@ def soak_command(
     gateway's RSS), the engine's record and restarts: a local lab (exit 2
     otherwise, naming what is missing)."""
     if broken is not None and broken not in BROKEN:
-        console.print(f"[red]Unknown broken thing {broken!r}[/]: {', '.join(BROKEN)}")
-        raise typer.Exit(EXIT_USAGE)
+        fail(f"Unknown broken thing {broken!r}: {', '.join(BROKEN)}", EXIT_USAGE)
     lab = reach(run_dir)
     with (experiment_exits(),
           Progress(console=console, transient=True, disable=as_json or self_test) as progress):
         task = progress.add_task(f"soaking{f' ({broken})' if broken else ''}", total=streams)
         report = asyncio.run(soak_as_asked(lab, broken, self_test, streams, concurrency,
-                                           duration, engine_kills, seed, toxics,
+                                           duration_s, engine_kills, seed, toxics,
                                            lambda: progress.advance(task)))
     show(report, console, as_json=as_json)
     # A broken run's verdict is to fail; it exits 1 all the same, so a script sees it.

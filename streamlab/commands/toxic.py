@@ -3,7 +3,7 @@
 Names and attributes are Toxiproxy's own, so `toxiproxy-cli` and its docs map
 one to one:
 
-    streamlab toxic add edge latency -a latency=500 -a jitter=50
+    streamlab toxic add edge latency -a latency=500 -a jitter=50   # or -a latency=500,jitter=50
     streamlab toxic add upstream slicer -a average_size=8 -a delay=200 --name slices
     streamlab toxic update edge latency_downstream -a latency=100
     streamlab toxic remove edge latency_downstream
@@ -19,7 +19,6 @@ prints it, `streamlab toxic cli HOP -- ARGS...` runs toxiproxy-cli with it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamlab.commands.lab import DEFAULT_RUN_DIR, AsJson, RunDir, attached
+from streamlab.commands.completion import complete_hops, complete_toxic_names, complete_toxic_types
+from streamlab.commands.conventions import (
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    AsJson,
+    fail,
+    print_json,
+    split_list,
+)
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
 from streamlab.lab.local import find_toxiproxy
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import (
@@ -64,9 +72,15 @@ err = Console(stderr=True)
 
 HOPS = HOP_NAMES
 Hop = Annotated[str, typer.Argument(
-    help=f"One of: {', '.join(HOPS)}; with replicas also upstream-2, engine-2, …; store.")]
+    help=f"One of: {', '.join(HOPS)}; with replicas also upstream-2, engine-2, …; store.",
+    autocompletion=complete_hops)]
+OnlyHop = Annotated[str | None, typer.Argument(help="Only this hop.",
+                                               autocompletion=complete_hops)]
 Attr = Annotated[list[str] | None, typer.Option(
-    "--attribute", "-a", help="key=value, repeatable (see `streamlab toxic types`).")]
+    "--attribute", "-a", help="key=value: repeat it, or separate with commas (see "
+                              "`streamlab toxic types`).")]
+ToxicName = Annotated[str, typer.Argument(help="The toxic's name (see `streamlab toxic list`).",
+                                          autocompletion=complete_toxic_names)]
 Toxicity = Annotated[float | None, typer.Option(
     min=0.0, max=1.0, help="Share of connections the toxic applies to (0-1).")]
 
@@ -86,26 +100,29 @@ def _client(run_dir: Path) -> Iterator[ToxiproxyClient]:
 
 @contextmanager
 def _toxiproxy(lab: LabTarget) -> Iterator[ToxiproxyClient]:
+    """Toxiproxy's refusal exits 1 with its words; no Toxiproxy answering, 3."""
     try:
         with lab.toxiproxy() as client:
             yield client
-    except (ToxiproxyError, ToxicSpecError) as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from exc
+    except ToxiproxyError as exc:
+        if exc.status_code:
+            fail(str(exc))
+        fail(f"{exc} (is the lab up? `streamlab status`)", EXIT_UNREACHABLE)
+    except ToxicSpecError as exc:
+        fail(str(exc), EXIT_USAGE)
 
 
 def _check_hop(hop: str) -> None:
     if not is_hop_name(hop):
-        err.print(f"[red]unknown hop {hop!r}[/]; one of: {', '.join(HOPS)} "
-                  "(and upstream-N, engine-N, store in a lab with replicas)")
-        raise typer.Exit(2)
+        fail(f"unknown hop {hop!r}; one of: {', '.join(HOPS)} (and upstream-N, engine-N, "
+             "store in a lab with replicas)", EXIT_USAGE)
 
 
 @app.command("types")
 def types(as_json: AsJson = False) -> None:
     """Every toxic type and its attributes."""
     if as_json:
-        print(json.dumps(TOXIC_TYPES, indent=2))
+        print_json(TOXIC_TYPES)
         return
     table = Table("type", "attribute", "meaning")
     for name, attributes in TOXIC_TYPES.items():
@@ -116,7 +133,7 @@ def types(as_json: AsJson = False) -> None:
 
 @app.command("list")
 def list_toxics(
-    hop: Annotated[str | None, typer.Argument(help="Only this hop.")] = None,
+    hop: OnlyHop = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
     as_json: AsJson = False,
 ) -> None:
@@ -127,7 +144,7 @@ def list_toxics(
         proxies = client.proxies()
     shown = {name: proxies[name] for name in _hops_in_order(proxies) if hop in (None, name)}
     if as_json:
-        print(json.dumps(shown, indent=2))
+        print_json(shown)
         return
     console.print(hops_table(shown))
 
@@ -179,7 +196,7 @@ def _hops_in_order(proxies: dict[str, dict[str, Any]]) -> list[str]:
 
 @app.command()
 def where(
-    hop: Annotated[str | None, typer.Argument(help="Only this hop.")] = None,
+    hop: OnlyHop = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
     as_json: AsJson = False,
 ) -> None:
@@ -192,14 +209,11 @@ def where(
         _check_hop(hop)
     lab, hops = _lab_hops(run_dir)
     if hop is not None:
-        if hop not in hops:
-            err.print(f"[red]no hop {hop!r} in this lab[/]; it has: {', '.join(hops)}")
-            raise typer.Exit(2)
+        _in_lab(hop, hops)
         hops = [hop]
     addresses = api_addresses(lab, hops)
     if as_json:
-        print(json.dumps({h: {"process": toxiproxy_process(h), "api": a}
-                          for h, a in addresses.items()}, indent=2))
+        print_json({h: {"process": toxiproxy_process(h), "api": a} for h, a in addresses.items()})
         return
     for process in TOXIPROXY_PROCESSES:
         served = [h for h in hops if toxiproxy_process(h) == process]
@@ -215,30 +229,42 @@ def cli(
         help="toxiproxy-cli's own command and options, after `--` (default: inspect HOP).")
     ] = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON document: the command, its exit status, its "
+                       "stdout and stderr.")] = False,
 ) -> None:
     """Run toxiproxy-cli against the Toxiproxy that serves HOP.
 
-    streamlab toxic cli upstream -- toxic add -t latency -a latency=500 upstream"""
+    streamlab toxic cli upstream -- toxic add -t latency -a latency=500 upstream
+
+    Its output and exit status are the command's own (--json: in one document)."""
     _check_hop(hop)
     lab, hops = _lab_hops(run_dir)
-    if hop not in hops:
-        err.print(f"[red]no hop {hop!r} in this lab[/]; it has: {', '.join(hops)}")
-        raise typer.Exit(2)
+    _in_lab(hop, hops)
     try:
         binary = find_toxiproxy("toxiproxy-cli")
     except FileNotFoundError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from exc
+        fail(str(exc))
     command = [binary, "-h", api_addresses(lab, [hop])[hop], *(args or ["inspect", hop])]
-    # Its output and exit status are the command's own.
-    raise typer.Exit(subprocess.run(command, check=False).returncode)
+    if not as_json:
+        raise typer.Exit(subprocess.run(command, check=False).returncode)
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    print_json({"command": command, "exit_status": done.returncode, "stdout": done.stdout,
+                "stderr": done.stderr})
+    raise typer.Exit(done.returncode)
+
+
+def _in_lab(hop: str, hops: list[str]) -> None:
+    if hop not in hops:
+        fail(f"no hop {hop!r} in this lab; it has: {', '.join(hops)}", EXIT_USAGE)
 
 
 @app.command()
 def add(
     hop: Hop,
     toxic_type: Annotated[str, typer.Argument(
-        metavar="TYPE", help=f"One of: {', '.join(TOXIC_TYPES)}.")],
+        metavar="TYPE", help=f"One of: {', '.join(TOXIC_TYPES)}.",
+        autocompletion=complete_toxic_types)],
     attribute: Attr = None,
     stream: Annotated[str, typer.Option(
         help="downstream (toward the client) or upstream (toward the engine).")] = "downstream",
@@ -250,24 +276,25 @@ def add(
     """Add a toxic to a hop."""
     _check_hop(hop)
     if stream not in DIRECTIONS:
-        err.print(f"[red]--stream must be one of {', '.join(DIRECTIONS)}[/]")
-        raise typer.Exit(2)
+        fail(f"--stream must be one of {', '.join(DIRECTIONS)}", EXIT_USAGE)
     direction: Direction = "upstream" if stream == "upstream" else "downstream"
     with _client(run_dir) as client:
-        toxic = Toxic(toxic_type, dict(parse_attributes(toxic_type, attribute or [])),
+        toxic = Toxic(toxic_type, dict(parse_attributes(toxic_type, split_list(attribute))),
                       direction, 1.0 if toxicity is None else toxicity, name)
         added = client.add_toxic(hop, toxic)
     if as_json:
-        print(json.dumps(added, indent=2))
+        print_json(added)
         return
-    console.print(f"added [bold]{added['name']}[/] to {hop}: {added['type']} "
+    # Toxiproxy's own answer, printed as it is (a name or attribute may hold "[").
+    console.print(f"added [bold]{escape(str(added['name']))}[/] to {hop}: "
+                  f"{escape(str(added['type']))} "
                   f"{added['stream']} {added['attributes']} toxicity={added['toxicity']:g}")
 
 
 @app.command()
 def update(
     hop: Hop,
-    name: Annotated[str, typer.Argument(help="The toxic's name (see `streamlab toxic list`).")],
+    name: ToxicName,
     attribute: Attr = None,
     toxicity: Toxicity = None,
     run_dir: RunDir = DEFAULT_RUN_DIR,
@@ -281,48 +308,65 @@ def update(
         current = next((t for t in client.toxics(hop) if t["name"] == name), None)
         if current is None:
             raise ToxiproxyError(404, f"no toxic {name!r} on {hop}")
-        attributes = parse_attributes(current["type"], attribute or [])
+        attributes = parse_attributes(current["type"], split_list(attribute))
         updated = client.update_toxic(hop, name, dict(attributes), toxicity)
     if as_json:
-        print(json.dumps(updated, indent=2))
+        print_json(updated)
         return
-    console.print(f"updated [bold]{name}[/] on {hop}: {updated['attributes']} "
+    console.print(f"updated [bold]{escape(name)}[/] on {hop}: {updated['attributes']} "
                   f"toxicity={updated['toxicity']:g}")
 
 
 @app.command()
-def remove(hop: Hop, name: str, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+def remove(hop: Hop, name: ToxicName, run_dir: RunDir = DEFAULT_RUN_DIR,
+           as_json: AsJson = False) -> None:
     """Remove one toxic.
 
-    Removing a `timeout` toxic closes the connections it held."""
+    Removing a `timeout` toxic closes the connections it held. --json prints the
+    hop as it is now (as `toxic list HOP --json`)."""
     _check_hop(hop)
     with _client(run_dir) as client:
         client.remove_toxic(hop, name)
-    console.print(f"removed {name} from {hop}")
+        after = client.proxies() if as_json else {}
+    if as_json:
+        print_json({"removed": name, "hop": hop, "proxies": {hop: after.get(hop)}})
+        return
+    console.print(f"removed {name} from {hop}", markup=False)
 
 
 @app.command()
-def reset(run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
-    """Enable every hop and remove every toxic."""
+def reset(run_dir: RunDir = DEFAULT_RUN_DIR, as_json: AsJson = False) -> None:
+    """Enable every hop and remove every toxic.
+
+    --json prints every hop as it is now (as `toxic list --json`)."""
     with _client(run_dir) as client:
         client.reset()
+        after = client.proxies() if as_json else {}
+    if as_json:
+        print_json({"reset": True, "proxies": {n: after[n] for n in _hops_in_order(after)}})
+        return
     console.print("every hop enabled, no toxics")
 
 
-def _set_enabled(hop: str, enabled: bool, run_dir: Path, said: str) -> None:
+def _set_enabled(hop: str, enabled: bool, run_dir: Path, said: str, as_json: bool) -> None:
     _check_hop(hop)
     with _client(run_dir) as client:
         client.set_enabled(hop, enabled)
+        after = client.proxies() if as_json else {}
+    if as_json:
+        print_json({"hop": hop, "enabled": enabled, "proxies": {hop: after.get(hop)}})
+        return
     console.print(f"{hop} {said}")
 
 
 @proxy_app.command()
-def enable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+def enable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR, as_json: AsJson = False) -> None:
     """Let the hop accept connections again."""
-    _set_enabled(hop, True, run_dir, "enabled")
+    _set_enabled(hop, True, run_dir, "enabled", as_json)
 
 
 @proxy_app.command()
-def disable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR) -> None:
+def disable(hop: Hop, run_dir: RunDir = DEFAULT_RUN_DIR, as_json: AsJson = False) -> None:
     """Close every open connection through the hop and refuse new ones."""
-    _set_enabled(hop, False, run_dir, "disabled: open connections cut, new ones refused")
+    _set_enabled(hop, False, run_dir, "disabled: open connections cut, new ones refused",
+                 as_json)

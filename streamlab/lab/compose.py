@@ -31,6 +31,7 @@ from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
 from streamlab.lab.local import LabOptions
 from streamlab.lab.target import Capability
 from streamlab.lab.topology import REPO_ROOT, Ports, Replicas, split_replica
+from streamlab.paths import run_dir
 
 Target = Literal["local", "compose"]
 COMPOSE_CALL_TIMEOUT_S = 60.0
@@ -126,7 +127,7 @@ class ComposeLab(ServedLab):
         # The services' settings, read from the env files compose gives them, so
         # scenarios size their bounds (keepalives, ...) as for a local lab.
         self.options = LabOptions(
-            run_dir=REPO_ROOT / ".run" / "compose",
+            run_dir=run_dir() / "compose",
             engine_env=read_env_file(service_env_file("engine")),
             gateway_env=read_env_file(service_env_file("gateway")))
         self.run_dir = self.options.run_dir

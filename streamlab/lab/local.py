@@ -23,6 +23,7 @@ import httpx
 
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
+from streamlab import paths
 from streamlab.console.settings import ConsoleSettings
 from streamlab.lab import nginx, processes, proxies, tls
 from streamlab.lab.endpoints import (
@@ -64,7 +65,8 @@ def find_redis() -> str:
 
 @dataclass
 class LabOptions:
-    run_dir: Path = REPO_ROOT / ".run"
+    # One default for every entry point (streamlab/paths.py).
+    run_dir: Path = field(default_factory=paths.run_dir)
     nginx: nginx.NginxOptions = field(default_factory=nginx.NginxOptions)
     # Extra settings for the services (their own env prefixes).
     gateway_env: dict[str, str] = field(default_factory=dict)
@@ -114,16 +116,9 @@ def _settings_fields(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
 
 
 def find_toxiproxy(binary: str = "toxiproxy-server") -> str:
-    local = REPO_ROOT / ".tools" / "bin" / binary
-    if local.exists():
-        return str(local)
-    found = shutil.which(binary)
-    if found is None:
-        raise FileNotFoundError(
-            f"{binary} is not installed. Run `make up` or scripts/build_toxiproxy.sh "
-            "(builds the lab's patched Toxiproxy into .tools/bin)"
-        )
-    return found
+    """The lab's Toxiproxy binary: streamlab/paths.py says where it is looked for
+    (ToxiproxyNotFound, a FileNotFoundError, says how to get one)."""
+    return paths.find_toxiproxy(binary)
 
 
 def service_env(prefix: str, overrides: dict[str, str]) -> dict[str, str]:

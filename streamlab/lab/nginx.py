@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamlab.lab import processes
-from streamlab.lab.topology import REPO_ROOT, Ports, replica_port, split_replica
+from streamlab.lab.topology import Ports, replica_port, split_replica
+from streamlab.paths import proxy_template
 
-TEMPLATE = REPO_ROOT / "proxies" / "nginx" / "nginx.conf.template"
+TEMPLATE = proxy_template("nginx", "nginx.conf")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LAB_ENV = REPO_ROOT / "lab.env"
+# REPO_ROOT: re-exported for the modules that name the clone's files.
+from streamlab.paths import REPO_ROOT as REPO_ROOT
+from streamlab.paths import lab_env
+
+# lab.env: the clone's, or the installed wheel's copy (streamlab/paths.py).
+LAB_ENV = lab_env()
 
 
 class Ports(BaseSettings):

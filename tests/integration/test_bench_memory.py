@@ -23,7 +23,7 @@ STREAMS = 40
 
 def test_bench_memory_measures_and_traces_each_wire() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "streamlab.cli", "bench", "memory", "--streams", str(STREAMS),
+        [sys.executable, "-m", "streamlab.cli", "bench", "memory", "--concurrency", str(STREAMS),
          "--trace", "--json"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, check=False)
     # Exit 0 whether or not the target held: a figure to read.

@@ -48,7 +48,7 @@ def test_bench_transports_report_is_complete_and_sane(lab: Lab, tmp_path: Path) 
         pytest.skip("measures the engine's and gateway's CPU by host pid; on the compose "
                     "target they run in containers (STREAMLAB_TARGET=compose)")
     png = tmp_path / "transports.png"
-    report = bench(lab, "transports", "--reps", "1", "--tokens", str(TOKENS), "--gap-ms", "20",
+    report = bench(lab, "transports", "--repeat", "1", "--tokens", str(TOKENS), "--gap-ms", "20",
                    "--intervals", "50", "--plot", str(png))
 
     transports = {p["variant"]: p for p in report["parts"]}

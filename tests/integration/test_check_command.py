@@ -86,11 +86,11 @@ def test_invalid_utf8_fails_framing_and_the_other_checks_still_run() -> None:
 def test_json_is_one_document_for_usage_errors_and_an_unreachable_target() -> None:
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}/v1"
-    bad_option = streamlab("check", url, "--json", "--streams", "many")
+    bad_option = streamlab("check", url, "--json", "--concurrency", "many")
     assert bad_option.returncode == 2
     doc = json.loads(bad_option.stdout)
     assert doc["error"]["kind"] == "usage"
-    assert "--streams" in doc["error"]["message"]
+    assert "--concurrency" in doc["error"]["message"]
     assert doc["exit_status"] == 2
     unreachable = streamlab("check", url, "--json")
     assert unreachable.returncode == 3

@@ -54,7 +54,7 @@ def queueing(tiny_model: Path, tmp_path: Path) -> Iterator[str]:
 
 def check(url: str, *args: str) -> tuple[int, dict[str, Any], str]:
     done = subprocess.run([sys.executable, "-m", "streamlab.cli", "check", url, "--json",
-                           "--idle-cut-s", str(IDLE_CUT_S), "--streams", "4", *args],
+                           "--idle-cut-s", str(IDLE_CUT_S), "--concurrency", "4", *args],
                           capture_output=True, text=True, timeout=600, check=False)
     return done.returncode, json.loads(done.stdout), done.stderr
 

