@@ -234,6 +234,18 @@ class GatewaySettings(BaseSettings):
     # the `transient-blip` scenario contrasts: an `error` event or a 503 ends
     # the reader, and an engine-hop blip fails the stream (docs/resume.md).
     resume_transient: Literal["retry", "terminal"] = "retry"
+    # How long the owner of a resumable stream keeps attaching again (every
+    # 0.25 s) to a generation whose engine call dropped, its readers told
+    # `event: retry` (`engine_reattaching`) meanwhile, before it takes the
+    # generation for lost and ends the stream `error` (`generation_lost`). An
+    # engine that answers without the generation ends it at once; a dead one
+    # says nothing, so this is how long a SIGKILLed engine's readers wait. It
+    # must outlast the hop blips to survive: a 2 s blip of both engine hops
+    # had its tokens back within 3.9 s of its start over 240 streams, both
+    # wires, and a 3 s window lost half of them (`streamlab bench
+    # engine-death`, docs/resume.md), hence 6 s; and stay below the engine's
+    # orphan grace (60 s), which stops what nobody attaches.
+    reattach_window_s: float = Field(6.0, gt=0)
 
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and

@@ -461,3 +461,46 @@ def memory(
                               on_step=lambda step: progress.update(task, description=step))
     # The target is a figure to read (a miss is the finding): exit 0 on it.
     _render(report, as_json=as_json, verdict=False)
+
+
+@app.command("engine-death", epilog=EXIT_CODES,
+             short_help="An engine SIGKILL vs a 2 s engine-hop blip: time to the end.")
+def engine_death(
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "--streams", min=2, help="Resumable streams at once, a round.")] = 20,
+    rounds: Annotated[int, typer.Option(
+        "--repeat", min=1, help="Rounds of (blip, SIGKILL) per wire and window.")] = 3,
+    window: Annotated[ListOption, typer.Option(
+        help="The gateway's reattach_window_s, seconds, each in turn (the gateway "
+             "restarted on each; default: its own default).")] = None,
+    blip: Annotated[float, typer.Option(min=0.1, help="The engine-hop blip, seconds.")
+                    ] = 2.0,
+    wire: Annotated[ListOption, typer.Option(
+        help="Engine wires, each in turn: per_request, multiplexed (default: multiplexed).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """A lab of its own (1 gateway on Redis, 2 engines; no running lab needed):
+    resumable streams read through the edge, each round a blip of both engine
+    hops (every stream must end whole), then a SIGKILL of one engine (its
+    readers must get `event: retry`, then `error` generation_lost within the
+    window + 1 s). Prints the resume delay after the blip and SIGKILL ->
+    terminal event, p50/p99. Exits 1 unless every check held."""
+    from streamlab.experiments.bench.engine_death import WIRES, bench_engine_death
+
+    wires = tuple(split_list(wire, ("multiplexed",)))
+    if any(w not in WIRES for w in wires):
+        raise typer.BadParameter(f"--wire {','.join(wires)!r}: {' or '.join(WIRES)}")
+    items = split_list(window)
+    try:
+        windows = tuple(float(w) for w in items)
+    except ValueError:
+        raise typer.BadParameter(f"--window {','.join(items)!r}: seconds") from None
+    if any(w <= 0 for w in windows):
+        raise typer.BadParameter(f"--window {','.join(items)!r}: each above 0")
+    with experiment_exits(), _progress() as progress:
+        task = progress.add_task("starting a lab", total=None)
+        report = bench_engine_death(wires, windows or None, streams=concurrency,
+                                    rounds=rounds, blip_s=blip,
+                                    on_step=lambda step: progress.update(task, description=step))
+    _render(report, as_json=as_json)

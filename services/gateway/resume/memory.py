@@ -18,7 +18,7 @@ from sse_starlette import ServerSentEvent
 
 from services.gateway.errors import GatewayError
 from services.gateway.resume.replay_log import event_id, is_stream_id
-from services.gateway.resume.store import FoundStream, ResumeStore, gap_event
+from services.gateway.resume.store import FoundStream, ResumeStore, gap_event, retry_event
 from services.gateway.resume.streams import (
     Attach,
     ResumableStream,
@@ -47,6 +47,7 @@ async def follow_local(stream: ResumableStream, after: int, record: Attach
         # Alone in its block: sets the reconnect delay before any event arrives.
         yield ServerSentEvent(retry=stream.policy.retry_ms, sep="\n")
         cursor = after
+        told = 0  # the last notice this reader was sent
         while True:
             changed = stream.changed
             replay = stream.log.after(cursor)
@@ -64,6 +65,13 @@ async def follow_local(stream: ResumableStream, after: int, record: Attach
                 # another replica, which takes the stream over from the log)
                 yield ServerSentEvent(retry=stream.policy.retry_ms, sep="\n")
                 return
+            notice = stream.notice
+            if notice is not None and notice.number != told:
+                # The owner re-attaches to the generation (streams.py): say so,
+                # and keep the response open: the rest, or the end, follows here.
+                told = notice.number
+                yield retry_event(notice.code, notice.message, stream.policy.retry_ms)
+                continue
             if not replay.entries and replay.missed is None:
                 await changed.wait()
     finally:

@@ -65,7 +65,10 @@ def gap_event(stream_id: str, first: int, last: int) -> ServerSentEvent:
 # It has no `id:`, so a client's Last-Event-ID stays the last event it got, and
 # it comes with `retry:`; the response then ends, and an EventSource reconnects
 # by itself. Never terminal: a terminal event (`done`, `error`, `cancelled`)
-# means nothing more will come, and a blip is not that (docs/resume.md).
+# means nothing more will come, and a blip is not that (docs/resume.md). The
+# owner re-attaching to a generation whose engine call dropped says it too
+# (`engine_reattaching`), but keeps the response open: the rest, or the
+# stream's terminal event, follows on it (streams.py, `Notice`).
 RETRY_EVENT = "retry"
 STORE_UNAVAILABLE = "resume_store_unavailable"
 
@@ -91,15 +94,15 @@ class ResumeStore(ABC):
         """The record as this replica's: the same (equal) record every time."""
         return record if record.replica else replace(record, replica=self.settings.replica_id)
 
-    async def attached(self, found: FoundStream, record: Attach) -> None:  # noqa: B027
-        """A reader is about to be served (`follow` with the same record comes
-        next): a store whose record is shared writes it now, before the
     def attempted(self, stream_id: str, record: Attach) -> None:  # noqa: B027 (optional)
         """A reader came for the stream and was told `event: retry` (the store
         could not say where the stream is): a store whose record is shared
         notes the attempt, so the owner counts the reader as come (a stream
         is not cancelled `never_attached` while its reader keeps retrying)."""
 
+    async def attached(self, found: FoundStream, record: Attach) -> None:  # noqa: B027
+        """A reader is about to be served (`follow` with the same record comes
+        next): a store whose record is shared writes it now, before the
         response starts, so a status asked the moment the client sees the
         response open lists it on every replica. Never refuses the reader."""
 

@@ -27,6 +27,11 @@ and closes it when the generation ends):
   then the growing stream drops its own oldest events (followers are told).
   A running stream always keeps its newest event, so the total can exceed the
   budget by at most one event per running stream (and those are capped).
+- An engine call that drops (the hop blipped, or the engine died) under a
+  detachable generation is attached again for up to `reattach_window_s`, its
+  readers told `event: retry` (`engine_reattaching`, a Notice: not in the
+  log) meanwhile; an engine that answers without the generation, or the
+  window's end, ends the stream `error` (`generation_lost`) at once.
 - The registry's `close()` (gateway shutdown) cancels every running stream.
 - A stream belongs to the identity that created it; the routes answer any
   other identity 404, as for an id that never existed.
@@ -70,11 +75,27 @@ MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
 # generation (gRPC UNAVAILABLE: connection refused or reset; the idle
 # deadline: a black-holed hop): a detachable one is attached again.
 TRANSIENT_ENGINE_ERRORS = frozenset({"unavailable", "engine_idle_timeout"})
-# How long to keep trying: below the engine's orphan grace (services/engine/
-# settings.py, 60 s), the time the engine holds the generation for a caller
-# that left without a Cancel; docs/resume.md has the arithmetic.
+# The take-over's window (redis_store.py: a lost owner's generation, whose
+# engines are up): below the engine's orphan grace (services/engine/
+# settings.py, 60 s); docs/resume.md has the arithmetic. The owner's own
+# re-attach after its engine call dropped uses `settings.reattach_window_s`.
 REATTACH_WINDOW_S = 20.0
 REATTACH_BACKOFF_S = 0.25
+# What readers are told while the owner attaches again (`event: retry`, not
+# in the log), and the terminal `error` code once the generation is lost.
+ENGINE_REATTACHING = "engine_reattaching"
+GENERATION_LOST = "generation_lost"
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Trouble that may pass, told to a stream's live readers as `event:
+    retry` (no id, not in the log: a replay never repeats it) while it lasts;
+    `number` tells a reader whether it has sent this one yet."""
+
+    number: int
+    code: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,10 @@ class ResumeMetrics:
         self.reattached = Counter("streamlab_gateway_resume_engine_reattached",
                                   "Engine calls of resumable streams attached again after "
                                   "the engine hop dropped them", registry=registry)
+        self.lost = Counter("streamlab_gateway_resume_generations_lost",
+                            "Generations of resumable streams given up for lost after "
+                            "their engine call dropped (the engine said it holds none, or "
+                            "none answered within reattach_window_s)", registry=registry)
         self.tasks = TaskFailures(registry)  # services/gateway/resume/tasks.py
 
 
@@ -143,6 +168,8 @@ class ResumableStream:
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._next_index = 0  # the engine's index of the next token to come
+        self.notice: Notice | None = None  # while the owner re-attaches
+        self._notices = 0
 
     @property
     def ended(self) -> bool:
@@ -216,8 +243,11 @@ class ResumableStream:
                                 "usage": usage_dict(event.usage)})
                     return
                 except EngineError as exc:
-                    if not await self._reattach(exc):
+                    ended_with = await self._reattach(exc)
+                    if ended_with is exc:
                         raise
+                    if ended_with is not None:
+                        raise ended_with from exc
         except EngineError as exc:
             if exc.code == DRAINING:  # the gateway's drain deadline cancelled the call
                 self._drained()
@@ -241,33 +271,68 @@ class ResumableStream:
         finally:
             self._lease.close()
 
-    async def _reattach(self, exc: EngineError) -> bool:
+    async def _reattach(self, exc: EngineError) -> EngineError | None:
         """The engine hop dropped the call (a blip: Toxiproxy off, a network
-        flap), but a detachable generation outlives its call: the engine holds
-        it as an orphan for its grace. Attach again after the last token the
-        log has, every `REATTACH_BACKOFF_S` until the hop answers or
-        `REATTACH_WINDOW_S` has passed; readers see only pings meanwhile, and
-        then the rest, each token once. False: not a blip, not detachable,
-        the broken "terminal" mode, or the engine no longer holds it (the
-        stream then fails as before)."""
+        flap; or the engine died), but a detachable generation outlives its
+        call: the engine holds it as an orphan for its grace. Attach again
+        after the last token the log has, every `REATTACH_BACKOFF_S`, its
+        readers told `event: retry` (`engine_reattaching`) meanwhile; once
+        attached, they get the rest, each token once. None: attached again.
+        Else the error the stream ends with: `exc` itself when this is no
+        blip (not detachable, the broken "terminal" mode, another failure),
+        or `generation_lost` as soon as it is known lost: the engines that
+        answered all said they hold no such generation (a 404: the engine
+        restarted, or its grace ran out), or none answered for it within
+        `reattach_window_s` (a dead engine is silent; each attempt is cut at
+        the window's end, so the bound holds even across a black hole)."""
+        settings = self._registry.settings
         if (exc.code not in TRANSIENT_ENGINE_ERRORS or not self._lease.detachable
-                or self._registry.settings.resume_transient != "retry"):
-            return False
-        deadline = time.monotonic() + REATTACH_WINDOW_S
+                or settings.resume_transient != "retry"):
+            return exc
+        window_s = settings.reattach_window_s
+        deadline = time.monotonic() + window_s
         after = self._next_index - 1 if self._next_index > 0 else None
-        while time.monotonic() < deadline:
-            await asyncio.sleep(REATTACH_BACKOFF_S)
-            try:
-                await self._lease.reattach(after)
-            except EngineError as again:
-                if again.code in TRANSIENT_ENGINE_ERRORS or again.status_code == 503:
-                    continue  # the hop is still down
-                log.warning("stream %s: re-attach after an engine-hop failure refused (%s)",
-                            self.id, again.message)
-                return False
-            self._registry.metrics.reattached.inc()
-            return True
-        return False
+        self._notify(ENGINE_REATTACHING,
+                     f"the engine call dropped ({exc.code}); attaching to the generation "
+                     f"again for up to {window_s:g} s")
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(min(REATTACH_BACKOFF_S, left))
+                try:
+                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                        await self._lease.reattach(after)
+                except TimeoutError:
+                    break  # an attempt still waiting at the window's end
+                except EngineError as again:
+                    if (again.code in TRANSIENT_ENGINE_ERRORS
+                            or again.status_code in (503, 504)):
+                        continue  # nobody answered for it: the hop or its engine is down
+                    if again.status_code == 404:
+                        return self._lost(f"the engine no longer holds it ({again.message})")
+                    log.warning("stream %s: re-attach after an engine-hop failure refused (%s)",
+                                self.id, again.message)
+                    return again
+                self._registry.metrics.reattached.inc()
+                return None
+            return self._lost(f"no engine answered for it within {window_s:g} s of its call "
+                              f"dropping ({exc.code})")
+        finally:
+            self.notice = None
+
+    def _lost(self, why: str) -> EngineError:
+        log.warning("stream %s: generation lost: %s", self.id, why)
+        self._registry.metrics.lost.inc()
+        return EngineError(502, GENERATION_LOST, f"generation lost: {why}")
+
+    def _notify(self, code: str, message: str) -> None:
+        """Tell the live readers (and any that attach while it lasts)."""
+        self._notices += 1
+        self.notice = Notice(self._notices, code, message)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _drained(self) -> None:
         """The drain's deadline dropped the engine call: this gateway's streams
@@ -291,8 +356,7 @@ class ResumableStream:
         entry = self.log.append(kind, json.dumps(payload, separators=(",", ":"),
                                                  ensure_ascii=False))
         self._registry.account(self, self.log.bytes - before)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._wake()
         return entry
 
     def _end(self, state: GenerationState, kind: str, payload: dict[str, Any]) -> None:

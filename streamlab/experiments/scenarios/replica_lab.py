@@ -14,7 +14,6 @@ which `scenario run all` shows as skipped.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import anyio
 from streamlab.experiments.scenarios.model import ScenarioUnavailable
 from streamlab.lab.local import Lab, LabOptions, find_redis
 from streamlab.lab.processes import StartError
+from streamlab.lab.spare_ports import free_lab_ports
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import Ports
 
@@ -52,25 +52,16 @@ def behaviour(env: Mapping[str, str]) -> dict[str, str]:
 PORT_TRIES = 3
 
 
+def free_ports(options: LabOptions) -> Ports:
+    """streamlab/lab/spare_ports.py's, as a scenario's ScenarioUnavailable."""
+    try:
+        return free_lab_ports(options)
+    except StartError as exc:
+        raise ScenarioUnavailable(str(exc)) from exc
+
+
 def say(name: str, message: str) -> None:
     print(f"{name}: {message}", file=sys.stderr, flush=True)
-
-
-def free_ports(options: LabOptions) -> Ports:
-    """Free ports whose replica ports (BASE + 1 per replica) are free too.
-    Below the kernel's ephemeral range (32768 and up), so no client socket
-    takes a replica's port before it binds."""
-    names = [name for name in Ports.model_fields if name.endswith("_port")]
-    for _ in range(20):
-        bases = random.sample(range(20_000, 32_000, 2), len(names))
-        ports = Ports.model_validate({"host": "127.0.0.1", "replica_port_step": 1,
-                                      **dict(zip(names, bases, strict=True))})
-        try:
-            Lab(ports, options).check_ports_free()
-        except StartError:
-            continue
-        return ports
-    raise ScenarioUnavailable("no free ports for a private replica lab")
 
 
 @asynccontextmanager
