@@ -3,9 +3,11 @@ them are told `event: retry` (`engine_reattaching`) at once and get a
 terminal `error` (`generation_lost`) within the documented bound (the
 gateway's `reattach_window_s` + 1 s, docs/resume.md); a 2 s blip of both
 engine hops still ends every stream whole. Real processes: a private lab of
-1 gateway on the Redis store (its resumable generations are detachable) and
-2 engines, each behind its engine hop, Toxiproxy and nginx, for this module
-alone; readers go through the edge.
+2 gateways on the Redis store (their resumable generations are detachable)
+and 2 engines, each behind its engine hop, Toxiproxy and nginx, for this
+module alone; readers go through the edge, and in the kill test they read on
+the gateway that owns the streams, then on the one that does not (from the
+shared log).
 
 The rounds are `streamlab bench engine-death`'s (streamlab/experiments/
 bench/engine_death.py): the bench measures them over many streams, this
@@ -24,6 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from services.gateway.settings import GatewaySettings
@@ -43,6 +46,7 @@ from streamlab.experiments.scenarios.replica_lab import free_ports
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
 from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, TEST_SEND_TIMEOUT_S
+from tests.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -63,7 +67,7 @@ def death_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         engine_env=dict(TEST_ENGINE_ENV),
         gateway_env={**TEST_GATEWAY_ENV, WINDOW_ENV: str(WINDOW_S)},
         nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
-        console=False, gateways=1, engines=2, store="redis")
+        console=False, gateways=2, engines=2, store="redis")
     private = Lab(free_ports(options), options)
     private.up()
     try:
@@ -82,6 +86,25 @@ def engines_back(death_lab: Lab) -> Iterator[None]:
     for engine in death_lab.engine_names:
         if engine not in death_lab.pids:
             death_lab.start_service(engine)
+            serving_again(death_lab, engine)
+
+
+def serving_again(lab: Lab, engine: str) -> None:
+    """Every gateway sends generations to the restarted engine again (its
+    channel to it may sit in a reconnect backoff a while): short chats on
+    each until one ran there, with a deadline."""
+    body = {"messages": [{"role": "user", "content": "are you back"}], "stream": False,
+            "streamlab": {"prefill_ms": 1, "token_gap_ms": 1, "answer_tokens": 2}}
+    with httpx.Client(timeout=10.0) as http:
+        for gateway in lab.gateway_names:
+            before = lab.engine_stats_of(engine).generations_started
+
+            def ran_there(gateway: str = gateway, before: int = before) -> bool:
+                http.post(f"{lab.url_of(gateway)}/v1/chat/completions", json=body)
+                return lab.engine_stats_of(engine).generations_started > before
+
+            wait_until(ran_there, timeout_s=20.0, interval_s=0.2,
+                       what=f"{gateway} sending generations to {engine} again")
 
 
 @pytest.fixture
@@ -117,11 +140,17 @@ def assert_cut_in_order(read: TimedRead) -> None:
     assert read.indexes == list(range(len(read.indexes))), "each token once, in order"
 
 
+@pytest.mark.parametrize("reading_on", ["owner", "other"])
 async def test_a_killed_engines_readers_are_told_retry_then_get_an_error_within_the_bound(
-        death_lab: Lab, engines_back: None) -> None:
+        death_lab: Lab, engines_back: None, reading_on: str) -> None:
+    """Read on the gateway that owns the streams (its memory), or on the other
+    one (the shared log, where the owner's notice reaches it in the meta)."""
+    owner, other = death_lab.gateway_names
     round_ = await run_round(death_lab, STREAMS, lambda: death_lab.kill_service(KILLED),
                              victims=on_engine(death_lab, KILLED),
-                             read_timeout_s=WINDOW_S + 30.0)
+                             read_timeout_s=WINDOW_S + 30.0,
+                             create_on=death_lab.url_of(owner),
+                             read_on=[death_lab.url_of(owner if reading_on == "owner" else other)])
     victims, others = split(round_)
     ends = [r.terminal_at - round_.fault_at for r in victims if r.terminal_at is not None]
     print(f"\n{len(victims)} readers of the killed engine: terminal "

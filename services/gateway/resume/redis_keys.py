@@ -120,6 +120,10 @@ class StreamMeta:
     # key): a replica restarted under the same name is not its old self, and
     # its alive key must not keep the streams its predecessor lost.
     incarnation: str = ""
+    # Trouble that may pass, while it lasts (the owner re-attaching to its
+    # generation): {"n", "code", "message"} as JSON, "" when none. Readers on
+    # other replicas are told it as `event: retry`, as the owner's are.
+    notice: str = ""
 
     @property
     def ended(self) -> bool:
@@ -130,7 +134,8 @@ class StreamMeta:
                 "cancel_reason": self.cancel_reason or "", "last_seq": str(self.last_seq),
                 "grace_s": repr(self.grace_s), "ttl_s": repr(self.ttl_s),
                 "retry_ms": str(self.retry_ms), "max_events": str(self.max_events),
-                "created": repr(self.created), "incarnation": self.incarnation}
+                "created": repr(self.created), "incarnation": self.incarnation,
+                "notice": self.notice}
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes] | dict[str, str]) -> StreamMeta:
@@ -144,6 +149,7 @@ class StreamMeta:
                        last_seq=int(fields["last_seq"]), grace_s=float(fields["grace_s"]),
                        ttl_s=float(fields["ttl_s"]), retry_ms=int(fields["retry_ms"]),
                        max_events=int(fields["max_events"]), created=float(fields["created"]),
-                       incarnation=fields.get("incarnation", ""))
+                       incarnation=fields.get("incarnation", ""),
+                       notice=fields.get("notice", ""))
         except KeyError as exc:
             raise ValueError(f"resume metadata lacks {exc.args[0]!r}") from exc

@@ -141,6 +141,10 @@ class LogMirror:
             self._metrics.dropped.inc()
         self._wake.set()
 
+    def touch(self) -> None:
+        """Write the metadata now, with no event (a notice changed)."""
+        self._wake.set()
+
     def release(self) -> asyncio.Task[None] | None:
         """This replica gives the stream up (a drain): the next write carries
         what is pending and the metadata that says so, then the writer stops."""

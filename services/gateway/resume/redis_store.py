@@ -169,7 +169,16 @@ class SharedStream(ResumableStream):
                           last_seq=self.log.last_seq, grace_s=self.policy.grace_s,
                           ttl_s=self.policy.ttl_s, retry_ms=self.policy.retry_ms,
                           max_events=self.policy.max_events, created=self.created_unix,
-                          incarnation="" if self._handed_off else self._store.control.incarnation)
+                          incarnation="" if self._handed_off else self._store.control.incarnation,
+                          notice=json.dumps({"n": self.notice.number, "code": self.notice.code,
+                                             "message": self.notice.message})
+                          if self.notice is not None else "")
+
+    def _notify(self, code: str, message: str) -> None:
+        """The owner's readers are told from memory; readers on other replicas
+        read the notice from the meta, written now (no event comes with it)."""
+        super()._notify(code, message)
+        self.mirror.touch()
 
     def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
         entry = super()._append(kind, payload)

@@ -128,6 +128,7 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
     `error`."""
     yield ServerSentEvent(retry=retry_ms, sep="\n")
     cursor = after
+    told = ""  # the owner's notice this reader was last told (meta.notice)
     try:
         await presence.refresh(force=True)
         while True:
@@ -151,6 +152,12 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
                     return
                 if meta.ended and cursor >= meta.last_seq:
                     return  # a client ahead of the log's end (found.ahead): nothing more
+                if meta.notice and meta.notice != told:
+                    # The owner re-attaches to the generation: told here as on
+                    # the owner, and the tail reads on (the rest, or the end).
+                    told = meta.notice
+                    notice = json.loads(meta.notice)
+                    yield retry_event(str(notice["code"]), str(notice["message"]), retry_ms)
                 if not meta.ended and await owner_gone(stream_id, keys, meta, cursor):
                     local = local_after(stream_id, cursor) if local_after is not None else None
                     if local is not None:

@@ -29,7 +29,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,20 +203,25 @@ class Round:
 
 async def run_round(lab: Lab, streams: int, fault: Callable[[], None],
                     victims: Callable[[list[str]], set[str]] | None = None,
-                    read_timeout_s: float = 60.0) -> Round:
-    """Open `streams` resumable streams through the edge with a reader each;
-    once every reader has FAULT_AFTER_TOKENS tokens, note which streams
-    `victims` picks, run `fault` (blocking, in a thread) and read them all
-    to their end."""
-    url = lab.edge_url
+                    read_timeout_s: float = 60.0, create_on: str | None = None,
+                    read_on: Sequence[str] = ()) -> Round:
+    """Open `streams` resumable streams (through the edge, or on the base URL
+    `create_on`) with a reader each (through the edge, or on each of
+    `read_on` in turn: a gateway that does not own a stream reads it from the
+    shared log); once every reader has FAULT_AFTER_TOKENS tokens, note which
+    streams `victims` picks, run `fault` (blocking, in a thread) and read
+    them all to their end."""
+    url = create_on or lab.edge_url
+    readers_at = list(read_on) or [lab.edge_url]
     limits = httpx.Limits(max_connections=2 * streams + 10)
     async with httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=5.0),
                                  limits=limits) as client:
         created = await asyncio.gather(*(create_stream(client, url, stream_body())
                                          for _ in range(streams)))
         reads = [TimedRead(c["id"]) for c in created]
-        tasks = [asyncio.create_task(read_timed(client, url, str(c["events_url"]), r))
-                 for c, r in zip(created, reads, strict=True)]
+        tasks = [asyncio.create_task(read_timed(client, readers_at[k % len(readers_at)],
+                                                str(c["events_url"]), r))
+                 for k, (c, r) in enumerate(zip(created, reads, strict=True))]
         try:
             await _poll(lambda: all(len(r.tokens) >= FAULT_AFTER_TOKENS or r.ended
                                     for r in reads), 30.0, "every reader a few tokens in")
