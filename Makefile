@@ -142,6 +142,15 @@ clean: down
 
 # Every edge proxy x every edge probe (docs/proxy-matrix.md, ~10 min): the
 # result into docs/results/, then its table, to paste into the page.
+# The README's promise on a Debian 12 as shipped (scripts/fresh_debian.sh, ~4 min;
+# not in CI): a debootstrap'd bookworm container with Debian's Python and Go
+# (1.19) only, a copy of this working tree, `make up`, `streamlab chat`,
+# `make down`, as root and then as a user who is not root (no Redis: one gateway
+# on the memory store). FRESH_DEBIAN_AS=root (or user) runs one. Needs root and podman.
+.PHONY: fresh-debian
+fresh-debian:
+	@bash scripts/fresh_debian.sh
+
 .PHONY: proxy-matrix
 proxy-matrix: install
 	@for proxy in haproxy caddy traefik; do bash scripts/install_proxies.sh $$proxy; done

@@ -91,8 +91,10 @@ def parse_go_version(text: str) -> tuple[int, int] | None:
 
 def _install_go_hint() -> str:
     return (f"Install Go >= {GO_NEEDED[0]}.{GO_NEEDED[1]} ({GO_DOWNLOAD}; Debian 12's golang "
-            f"is 1.19, too old), or, with Go 1.21 or later, let Go fetch the toolchain "
-            f"itself: GOTOOLCHAIN={GO_TOOLCHAIN} streamlab install toxiproxy")
+            f"is 1.19, too old, its bookworm-backports has 1.23: sudo apt-get install -y -t "
+            f"bookworm-backports golang-go), or, with Go 1.21 or later, let Go fetch the "
+            f"toolchain itself: GOTOOLCHAIN={GO_TOOLCHAIN} streamlab install toxiproxy. "
+            f"(In a clone, `make up` fetches it with any Go: scripts/build_toxiproxy.sh)")
 
 
 def _go_env(go: str, env: Mapping[str, str], cwd: Path, *names: str) -> list[str]:
