@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .PHONY: install install-lab up down status test lint typecheck protos check-protos unit \
-	integration clean test-compose compose-config toxiproxy-regression lock check-lock \
+	integration clean test-compose compose-config toxiproxy-regression lock check-lock jaeger test-tracing \
 	scenario-plots test-wire-per-request test-slow test-all test-check-servers
 
 # Everything: the lab tool, plots and the dev tools (what the tests need).
@@ -121,6 +121,15 @@ test-compose-proxies: install
 # The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
 # passes on the patched source and hangs (fails on its deadline) on the
 # unpatched one, which is what shows the test sees the wedge.
+# Jaeger for `streamlab up --tracing` (docs/tracing.md): built once (~5 min on
+# 2 cores), then copied from the user cache. The tracing tests skip without it.
+jaeger:
+	bash scripts/build_jaeger.sh
+
+# The tracing tests, the per-proxy ones (slow) included, with Jaeger built first.
+test-tracing: install jaeger
+	$(BIN)/pytest tests/integration/test_tracing.py tests/unit/test_tracing.py -m "slow or not slow" $(PYTEST_ARGS)
+
 toxiproxy-regression:
 	bash scripts/build_toxiproxy.sh --test
 	bash scripts/build_toxiproxy.sh --show-wedge
@@ -133,15 +142,6 @@ toxiproxy-regression:
 check-wheel: install
 	bash scripts/check_wheel.sh
 
-# Regenerate the compose lab's Toxiproxy and nginx configs from lab.env.
-compose-config:
-	$(BIN)/streamlab compose config
-
-clean: down
-	rm -rf .run .mypy_cache .ruff_cache .pytest_cache
-
-# Every edge proxy x every edge probe (docs/proxy-matrix.md, ~10 min): the
-# result into docs/results/, then its table, to paste into the page.
 # The README's promise on a Debian 12 as shipped (scripts/fresh_debian.sh, ~4 min;
 # not in CI): a debootstrap'd bookworm container with Debian's Python and Go
 # (1.19) only, a copy of this working tree, `make up`, `streamlab chat`,
@@ -151,6 +151,15 @@ clean: down
 fresh-debian:
 	@bash scripts/fresh_debian.sh
 
+# Regenerate the compose lab's Toxiproxy and nginx configs from lab.env.
+compose-config:
+	$(BIN)/streamlab compose config
+
+clean: down
+	rm -rf .run .mypy_cache .ruff_cache .pytest_cache
+
+# Every edge proxy x every edge probe (docs/proxy-matrix.md, ~10 min): the
+# result into docs/results/, then its table, to paste into the page.
 .PHONY: proxy-matrix
 proxy-matrix: install
 	@for proxy in haproxy caddy traefik; do bash scripts/install_proxies.sh $$proxy; done

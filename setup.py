@@ -21,6 +21,7 @@ LAB_DATA = (
     "lab.env",
     "proxies/*/*.template",
     "proxies/toxiproxy/patches/*",
+    "proxies/jaeger/*.yaml",
 )
 PACKAGED = Path("streamlab") / "_data"  # streamlab/paths.py's PACKAGED
 

@@ -19,6 +19,7 @@ from streamlab.commands import (
     scenario,
     soak,
     toxic,
+    trace,
 )
 from streamlab.commands.exits import EXIT_STATUS_HELP
 
@@ -32,6 +33,7 @@ app.registered_commands.extend(logs.app.registered_commands)
 app.registered_commands.extend(soak.app.registered_commands)
 app.registered_commands.extend(console.app.registered_commands)
 app.registered_commands.extend(check.app.registered_commands)
+app.registered_commands.extend(trace.app.registered_commands)
 toxic.register(app)  # `toxic ...` and `proxy ...`
 app.add_typer(scenario.app, name="scenario")
 app.add_typer(bench.app, name="bench")

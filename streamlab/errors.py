@@ -25,6 +25,8 @@
       │   │                         ValueError; the console answers 400; toxiproxy.py)
       │   ├── ToxiproxyNotFound     no toxiproxy-server where streamlab looks for one
       │   │                         (also a FileNotFoundError; streamlab/paths.py)
+      │   ├── JaegerNotFound        no Jaeger binary for `streamlab up --tracing` (also a
+      │   │                         FileNotFoundError; jaeger.py)
       │   ├── ToolMissing           `streamlab install toxiproxy` found no suitable Go
       │   │                         (or no patch, no git): exit 2 (also a RuntimeError;
       │   │                         toxiproxy_install.py)

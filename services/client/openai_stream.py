@@ -58,6 +58,7 @@ class StreamResult:
     closed_early: bool = False  # we stopped reading on purpose (stop_after_tokens)
     left_at: float | None = None  # time.monotonic() when we decided to close
     retry_ms: int | None = None  # the last `retry:` the server sent
+    started_unix: float = 0.0  # time.time() at the request's start: other hops' clocks
     retry_after_s: float | None = None  # a refusal's Retry-After header
     # What a conformance check judges (streamlab check):
     reads: list[tuple[float, int]] = field(default_factory=list)  # (when, bytes) per read
@@ -179,6 +180,7 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                 max_event_chars: int) -> None:
     decoder = SSEDecoder()
     start = time.perf_counter()
+    result.started_unix = time.time()  # the same moment on the wall clock (tracing)
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code

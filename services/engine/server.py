@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from services.common import tracing
 from services.engine.backends.base import Backend
 from services.engine.backends.fake import FakeModel
 from services.engine.errors import EngineException
@@ -209,7 +210,10 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tracing.configure_logging()
+    # Tracing on only if the OTEL_* variables ask for it (services/common/tracing.py).
+    if tracing.setup("streamlab-engine") is not None:
+        log.info("tracing on: OTLP to %s", tracing.otlp_endpoint())
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(serve(EngineSettings()))

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from services.common import tracing
 from services.engine.admission import Admission
 from services.engine.backends.base import (
     ACCEPTED,
@@ -46,6 +47,7 @@ from services.engine.session import Accept, EngineSession, Health, Refused
 from services.engine.settings import EngineSettings
 from services.engine.stats import EngineStats, GenerationRecord
 from services.engine.stop import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopMatcher
+from services.engine.tracing import AttachTrace, GenerationTrace
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 from streamlab_protocol.generation import GenerationState
@@ -165,6 +167,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             # The model runs in this handler's task: a dropped call cancels it.
             context.add_done_callback(lambda ctx: self._on_done(ctx, record))
 
+        if tracing.tracer() is not None:
+            _traceparent_from_metadata(request, context)
         try:
             async with aclosing(self.generation(request, accept, started)) as stream:
                 async for message in stream:
@@ -172,7 +176,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except Refused as exc:
             await context.abort(exc.status, exc.details)
 
-    async def generation(
+    def generation(
         self, request: pb.GenerateRequest, accept: Accept,
         started: Callable[[GenerationRecord], None],
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
@@ -180,7 +184,42 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         admit, run (a detachable generation in a task of its own), yield its
         events; Refused is the status the call ends with. `started` is told the
         record of a plain (not detachable) generation, which runs in the task
-        that iterates this: cancelling that task is the cancel."""
+        that iterates this: cancelling that task is the cancel. Tracing on,
+        the same work inside its span (services/engine/tracing.py)."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return self._generation(request, accept, started, None)
+        return self._traced_generation(tracer, request, accept, started)
+
+    async def _traced_generation(
+        self, tracer: tracing.ServiceTracer, request: pb.GenerateRequest, accept: Accept,
+        started: Callable[[GenerationRecord], None],
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        trace = GenerationTrace(tracer, request.traceparent, request.request_id,
+                                request.detachable)
+        token = tracing.log_context.set((request.request_id, tracing.trace_id_hex(trace.span)))
+
+        async def traced_accept(request_id: str) -> None:
+            trace.accepted()
+            await accept(request_id)
+
+        try:
+            async with aclosing(self._generation(request, traced_accept, started,
+                                                 trace)) as stream:
+                async for message in stream:
+                    yield message
+        except Refused as exc:
+            trace.span.set_attribute("streamlab.refused", exc.status.name)
+            raise
+        finally:
+            if not trace.events_started:  # refused, or gone before its slot
+                trace.end("refused")
+            tracing.log_context.reset(token)
+
+    async def _generation(
+        self, request: pb.GenerateRequest, accept: Accept,
+        started: Callable[[GenerationRecord], None], trace: GenerationTrace | None,
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         try:
             generation = to_generation_input(request, self._settings)
             options = self._backend.options(request)
@@ -208,6 +247,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         queued_at = asyncio.get_running_loop().time()
         await self._admission.acquire()  # queued here; a cancel leaves the queue
         self._metrics.queue_wait.observe(asyncio.get_running_loop().time() - queued_at)
+        if trace is not None:
+            trace.admitted()
         if request.detachable and generation.request_id in self._detachables:
             # The same id started while this call waited for its slot.
             self._admission.release()
@@ -217,7 +258,10 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         record = self._stats.begin(
             generation.request_id, request.sampling if request.HasField("sampling") else None)
         # The events' `finally` frees the slot and ends the record, whoever runs them.
-        events = self._events(generation, options, record, request.accept_token_batches)
+        events = self._events(generation, options, record, request.accept_token_batches,
+                              trace)
+        if trace is not None:
+            trace.events_started = True  # the events' `finally` ends the span
         messages: AsyncGenerator[pb.GenerateResponse | Accepted, None]
         if request.detachable:
             # Its own task runs the generation; this call is only its first
@@ -247,6 +291,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         async def accept(request_id: str) -> None:
             await context.send_initial_metadata((("x-request-id", request_id),))
 
+        if tracing.tracer() is not None:
+            _traceparent_from_metadata(request, context)
         try:
             async with aclosing(self.attachment(request, accept)) as stream:
                 async for message in stream:
@@ -254,11 +300,37 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except Refused as exc:
             await context.abort(exc.status, exc.details)
 
-    async def attachment(
+    def attachment(
         self, request: pb.AttachRequest, accept: Accept
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """One Attach call's work, for whichever wire carries it (as `generation`)."""
         after = request.after_index if request.HasField("after_index") else None
+        tracer = tracing.tracer()
+        if tracer is None:
+            return self._attachment(request, accept, after, None)
+        return self._traced_attachment(
+            request, accept, after,
+            AttachTrace(tracer, request.traceparent, request.request_id, after))
+
+    async def _traced_attachment(
+        self, request: pb.AttachRequest, accept: Accept, after: int | None, trace: AttachTrace
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        state = "refused"
+        try:
+            async with aclosing(self._attachment(request, accept, after, trace)) as stream:
+                async for message in stream:
+                    yield message
+            state = "completed"
+        except (asyncio.CancelledError, GeneratorExit):
+            state = "detached"
+            raise
+        finally:
+            trace.end(state)
+
+    async def _attachment(
+        self, request: pb.AttachRequest, accept: Accept, after: int | None,
+        trace: AttachTrace | None,
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         try:
             held, attachment = self._detachables.attach(request.request_id, after)
         except AttachRefused as exc:
@@ -268,6 +340,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except BaseException:
             held.release(attachment)  # gone before its stream began: orphaned again
             raise
+        if trace is not None:
+            trace.accepted()
         async with aclosing(held.follow(attachment, request.accept_token_batches)) as stream:
             try:
                 async for message in stream:
@@ -297,7 +371,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         return pb.CancelResponse(cancelled=held is not None and held.stop())
 
     async def _events(
-        self, generation: GenerationInput, options: Any, record: GenerationRecord, batches: bool
+        self, generation: GenerationInput, options: Any, record: GenerationRecord, batches: bool,
+        trace: GenerationTrace | None = None,
     ) -> AsyncGenerator[pb.GenerateResponse | Accepted, None]:
         """One generation's messages: ACCEPTED once the backend accepted it, its
         tokens, then one finish (or error event); BackendError if it fails before
@@ -342,6 +417,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                             stopped = True
                             unsent = len(texts) - taken  # made with the batch, past the stop
                             break
+                    if trace is not None and chunks:
+                        trace.first_token()
                     # Tokens that were ready together leave in one message, to a
                     # caller that reads them.
                     if len(chunks) > 1 and batches:
@@ -389,6 +466,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             if state is not GenerationState.COMPLETED:
                 self._stats.mark_cancel(record)
                 state = GenerationState.CANCELLED
+                if trace is not None:
+                    trace.cancelled("call_cancelled" if not record.cancel_seen else "cancelled")
             raise
         except BackendError as exc:
             if produced == 0 and not called_tools:
@@ -397,6 +476,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         finally:
             self._admission.release()
             self._stats.end(record, state)
+            if trace is not None:
+                trace.end(state.name.lower(), record)
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -436,6 +517,17 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     def _on_done(self, context: grpc.aio.ServicerContext, record: GenerationRecord) -> None:
         if context.cancelled():
             self._stats.mark_cancel(record)
+
+
+def _traceparent_from_metadata(request: pb.GenerateRequest | pb.AttachRequest,
+                               context: grpc.aio.ServicerContext) -> None:
+    """A Generate or Attach call carries the caller's trace context as its
+    `traceparent` metadata; the work below reads it from the request, as the
+    multiplexed wire carries it."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            request.traceparent = value
+            return
 
 
 def _prompt_tokens(generation: GenerationInput) -> int:

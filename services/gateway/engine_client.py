@@ -66,9 +66,11 @@ class Engine(Protocol):
         """Start a generation; return once the engine accepted it, or raise EngineError."""
         ...
 
-    async def attach(self, request_id: str, after_index: int | None) -> EngineStream:
+    async def attach(self, request_id: str, after_index: int | None,
+                     traceparent: str = "") -> EngineStream:
         """Continue a detachable generation from the token after `after_index`
-        (None: from the first); raise EngineError (404 when the engine holds none)."""
+        (None: from the first); raise EngineError (404 when the engine holds none).
+        `traceparent`: the caller's span, tracing on (passed only then)."""
         ...
 
     async def cancel(self, request_id: str) -> bool:
@@ -379,7 +381,12 @@ class EngineClient:
             return await self._each_session(
                 self._mux.rotation(), lambda session: session.open(request),
                 request.request_id, request.detachable, retry_on=(503,))
-        call = self._stub.Generate(request, wait_for_ready=False)
+        # The trace context travels as the call's own metadata on this wire.
+        metadata = None
+        if request.traceparent:
+            metadata = (("traceparent", request.traceparent),)
+            request.ClearField("traceparent")
+        call = self._stub.Generate(request, wait_for_ready=False, metadata=metadata)
         return await self._accepted(call, request.request_id, request.detachable)
 
     async def _each_session(self, sessions: list[MuxSession],
@@ -401,29 +408,38 @@ class EngineClient:
         assert error is not None
         raise error
 
-    async def attach(self, request_id: str, after_index: int | None) -> EngineStream:
+    async def attach(self, request_id: str, after_index: int | None,
+                     traceparent: str = "") -> EngineStream:
         """Continue a detachable generation (its caller, another replica, died)
         from the token after `after_index`, the last one the resume log holds
         (None: from the first). EngineError 404 when the engine holds no such
         generation (unknown, cancelled, or its orphan grace expired), 400 when
-        the index is out of its range."""
+        the index is out of its range. `traceparent`: the caller's span (in the
+        request on the multiplexed wire, as metadata on an Attach call)."""
         request = pb.AttachRequest(request_id=request_id, accept_token_batches=True)
         if after_index is not None:
             request.after_index = after_index
+        metadata = None
+        if traceparent:
+            if self._mux is not None:
+                request.traceparent = traceparent
+            else:
+                metadata = (("traceparent", traceparent),)
         if self._mux is not None:  # the engine holding it accepts; the others 404
             return await self._each_session(
                 self._mux.sessions, lambda session: session.attach(request), request_id,
                 detachable=True, retry_on=(404, 503))
         if not self._pinned:
-            call = self._stub.Attach(request, wait_for_ready=False)
+            call = self._stub.Attach(request, wait_for_ready=False, metadata=metadata)
             return await self._accepted(call, request_id, detachable=True)
         # Each engine in turn: the one holding the generation accepts; the others
         # answer NOT_FOUND (or are down), and the last answer is the verdict.
         error: EngineError | None = None
         for stub in self._pinned:
             try:
-                return await self._accepted(stub.Attach(request, wait_for_ready=False),
-                                            request_id, detachable=True)
+                return await self._accepted(
+                    stub.Attach(request, wait_for_ready=False, metadata=metadata),
+                    request_id, detachable=True)
             except EngineError as exc:
                 if exc.status_code not in (404, 503, 504):
                     raise

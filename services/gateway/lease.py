@@ -32,6 +32,7 @@ from time import monotonic
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from services.common import tracing
 from services.gateway.drain import DRAINING
 from services.gateway.engine_client import EngineEvent, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
@@ -39,6 +40,7 @@ from services.gateway.limits import StreamSlot
 from services.gateway.metrics import StreamTimings
 from services.gateway.openai_api import TOOL_SURFACES, ChatCompletionRequest
 from services.gateway.shared_caps import SharedSlot
+from services.gateway.tracing import StreamTrace, TracedStreamTimings
 
 if TYPE_CHECKING:
     from services.gateway.state import GatewayState
@@ -46,13 +48,14 @@ if TYPE_CHECKING:
 class EngineLease:
     def __init__(self, gateway: GatewayState, body: ChatCompletionRequest | None,
                  request_id: str, client_key: str | None, surface: str = "sse",
-                 detachable: bool = False) -> None:
+                 detachable: bool = False, traceparent: str | None = None) -> None:
         """`client_key`: the client's identity, whose cap the call counts
         against until the lease closes (None: no slot, for tests of the rest).
         `surface`: the label of its latency histograms (sse, json, resume, ...).
         `detachable`: the generation outlives its call (for re-attach by another
         replica, services/gateway/resume/redis_store.py). `body` None: a lease that only
-        re-attaches (`attach()`)."""
+        re-attaches (`attach()`). `traceparent`: the client's trace context
+        (tracing on only: the lease's span is its child, services/gateway/tracing.py)."""
         self._gateway = gateway
         self._body = body
         self._detachable = detachable
@@ -66,6 +69,9 @@ class EngineLease:
         self._surface = surface
         self._timings: StreamTimings | None = None
         self._client_left_at = 0.0  # monotonic s; 0: the client has not left
+        self._traceparent = traceparent
+        # The stream's span; None with tracing off (the only cost then: this test).
+        self.trace: StreamTrace | None = None
 
     @property
     def stream(self) -> EngineStream:
@@ -115,6 +121,10 @@ class EngineLease:
             self._slot = gateway.limiter.acquire(self._client_key)
         request = self._body.to_engine_request(self._request_id)
         request.detachable = self._detachable
+        if (tracer := tracing.tracer()) is not None:
+            self._start_trace(tracer, "open")
+            assert self.trace is not None
+            request.traceparent = self.trace.child
         try:
             if self._client_key is not None and gateway.shared_caps is not None:
                 self._shared_slot = await gateway.shared_caps.acquire(self._client_key)
@@ -126,11 +136,36 @@ class EngineLease:
             if isinstance(exc, EngineError):
                 gateway.metrics.engine_errors.labels(exc.code).inc()
             raise
+        self._opened(opened_at)
+        return self._stream
+
+    def _start_trace(self, tracer: tracing.ServiceTracer, attach: str) -> None:
+        traceparent = self._traceparent or tracing.incoming_traceparent.get()
+        self.trace = StreamTrace(tracer, self._surface, traceparent, self._request_id,
+                                 attach, self._gateway.settings.engine_wire)
+        tracing.log_context.set((self._request_id, self.trace.trace_id))
+
+    def _opened(self, opened_at: float) -> None:
+        gateway = self._gateway
+        assert self._stream is not None
         gateway.drain.track(self._stream)
-        self._timings = StreamTimings(gateway.metrics.surface(self._surface), opened_at)
+        surface = gateway.metrics.surface(self._surface)
+        self._timings = (StreamTimings(surface, opened_at) if self.trace is None
+                         else TracedStreamTimings(surface, opened_at, self.trace))
         self._stream.timings = self._timings
         self._stream.on_error = self._engine_failed
-        return self._stream
+        if self.trace is not None:
+            self.trace.event("engine.accepted")
+
+    async def _engine_attach(self, request_id: str, after_index: int | None) -> EngineStream:
+        engine = self._gateway.engine
+        if self.trace is None:
+            return await engine.attach(request_id, after_index)
+        return await engine.attach(request_id, after_index, traceparent=self.trace.child)
+
+    def trace_headers(self) -> dict[str, str]:
+        """`traceresponse` for the response, tracing on; else none."""
+        return self.trace.headers() if self.trace is not None else {}
 
     async def attach(self, after_index: int | None) -> EngineStream:
         """Re-attach to a detachable generation whose caller (another replica)
@@ -139,17 +174,18 @@ class EngineLease:
         lose it; EngineError (404) when the engine no longer holds it."""
         opened_at = monotonic()
         gateway = self._gateway
+        if (tracer := tracing.tracer()) is not None:
+            self._start_trace(tracer, "attach")
+            if after_index is not None and self.trace is not None:
+                self.trace.set("streamlab.resume.after_index", after_index)
         try:
-            self._stream = await gateway.engine.attach(self._request_id, after_index)
+            self._stream = await self._engine_attach(self._request_id, after_index)
         except BaseException as exc:
             self.close()
             if isinstance(exc, EngineError):
                 gateway.metrics.engine_errors.labels(exc.code).inc()
             raise
-        gateway.drain.track(self._stream)
-        self._timings = StreamTimings(gateway.metrics.surface(self._surface), opened_at)
-        self._stream.timings = self._timings
-        self._stream.on_error = self._engine_failed
+        self._opened(opened_at)
         return self._stream
 
     @property
@@ -165,7 +201,9 @@ class EngineLease:
             raise RuntimeError("the lease is closed")
         gateway = self._gateway
         old = self._stream
-        stream = await gateway.engine.attach(self.request_id, after_index)
+        if self.trace is not None:
+            self.trace.event("reattach", after_index=-1 if after_index is None else after_index)
+        stream = await self._engine_attach(self.request_id, after_index)
         if self._closed:  # stopped while the attach was in flight: stop this one too
             stream.stop()
             raise EngineError(503, "cancelled", "the stream was stopped during a re-attach")
@@ -190,6 +228,8 @@ class EngineLease:
         times the cancel from here."""
         if self._client_left_at == 0.0:
             self._client_left_at = monotonic()
+            if self.trace is not None:
+                self.trace.event("client_left")
 
     def abandon_call(self) -> None:
         """Leave the call running after close (only the detached broken mode does)."""
@@ -215,6 +255,19 @@ class EngineLease:
             self._slot.release()
         if self._shared_slot is not None:
             self._shared_slot.release()
+        if self.trace is not None:
+            self.trace.end(self._outcome())
+
+    def _outcome(self) -> str:
+        """How the stream ended, for its span."""
+        stream = self._stream
+        if stream is None:
+            return "refused"
+        if stream.ended:
+            return "completed"
+        if self._client_left_at:
+            return "client_left"
+        return "closed"
 
     async def __aenter__(self) -> EngineStream:
         return await self.open()

@@ -76,10 +76,11 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
     """The answer to a valid chat request, or a GatewayError before the first byte."""
     settings = gateway.settings
     lease = gateway.lease(body, request_id_for(request, body), gateway.identity(request),
-                          surface="sse" if body.stream else "json")
+                          surface="sse" if body.stream else "json",
+                          traceparent=request.headers.get("traceparent"))
     if not body.stream:
         async with lease as stream:
-            headers = {"X-Request-Id": stream.request_id}
+            headers = {"X-Request-Id": stream.request_id, **lease.trace_headers()}
             answer = await until_disconnected(request, _collect(lease, settings.model_name),
                                               on_leave=lease.client_left)
             if answer is None:  # the client left: nobody to answer (the lease cancels)
@@ -96,8 +97,9 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
                 ready=lambda: stream.pending),
         settings=settings, metrics=gateway.metrics,
         heartbeat_s=options.heartbeat_or(settings.heartbeat_s),
-        headers={"X-Request-Id": stream.request_id}, on_close=lease.close,
-        on_disconnect=lease.client_left)
+        headers={"X-Request-Id": stream.request_id, **lease.trace_headers()},
+        on_close=lease.close, on_disconnect=lease.client_left,
+        on_ping=lease.trace.heartbeat if lease.trace is not None else None)
 
 
 async def _events(events: AsyncIterator[EngineEvent], writer: ChunkWriter, include_usage: bool,

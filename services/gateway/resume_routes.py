@@ -46,6 +46,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import ServerSentEvent
 
+from services.common import tracing
 from services.gateway.drain import DRAINING
 from services.gateway.errors import BadRequest, GatewayError
 from services.gateway.openai_api import ChatCompletionRequest
@@ -55,6 +56,7 @@ from services.gateway.resume.streams import Attach, StreamPolicy
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse_response import event_stream
 from services.gateway.state import GatewayDep, GatewayState
+from services.gateway.tracing import StreamTrace
 
 DEMO_PAGE = Path(__file__).resolve().parent / "static" / "demo.html"
 
@@ -115,7 +117,8 @@ async def create_stream(body: CreateStreamRequest, request: Request,
     # Detachable with the shared store: if this replica dies or drains, another
     # one re-attaches to the generation (services/gateway/resume/redis_store.py).
     lease = gateway.lease(body, stream_id, gateway.identity(request), surface="resume",
-                          detachable=store.detachable_generations)
+                          detachable=store.detachable_generations,
+                          traceparent=request.headers.get("traceparent"))
     lease.admit()
     store.ensure_capacity()
     await lease.open()
@@ -125,7 +128,8 @@ async def create_stream(body: CreateStreamRequest, request: Request,
     return JSONResponse(
         {"id": stream_id, "events_url": events_url, "status_url": f"/v1/streams/{stream_id}",
          "grace_s": policy.grace_s, "ttl_s": policy.ttl_s, "retry_ms": policy.retry_ms},
-        status_code=201, headers={"Location": events_url, "X-Request-Id": stream_id})
+        status_code=201, headers={"Location": events_url, "X-Request-Id": stream_id,
+                                  **lease.trace_headers()})
 
 
 @router.get("/v1/streams/{stream_id}")
@@ -179,6 +183,11 @@ async def stream_events(
     # The header wins: a browser's EventSource sends it on every reconnect,
     # while a query parameter baked into the URL would stay at its first value.
     raw = request.headers.get("last-event-id") or last_event_id
+    tracer = tracing.tracer()
+    if tracer is not None:
+        # A take-over of a lost replica's stream during find() re-attaches in
+        # this reader's trace (services/gateway/lease.py reads it).
+        tracing.incoming_traceparent.set(request.headers.get("traceparent"))
     # A reconnect storm: resumes first (they continue admitted generations),
     # unless the broken "same" admission refuses them like new streams.
     gateway.connect_rate.admit(force=bool(raw) and gateway.settings.resume_admission == "first")
@@ -201,12 +210,23 @@ async def stream_events(
     # In the stream's record before the response opens: a client may ask for
     # the status (on any replica) the moment it does.
     await store.attached(found, record)
+    headers = {"Last-Event-ID": event_id(found.id, resumes_after), "X-Request-Id": found.id}
+    reader = None
+    if tracer is not None:
+        # The reader's own span: which replica served it, from where it resumed.
+        reader = StreamTrace(tracer, "resume.reader", request.headers.get("traceparent"),
+                             found.id, "reader", gateway.settings.engine_wire)
+        reader.span.set_attributes({"streamlab.resume.replay": replay,
+                                    "streamlab.resume.after_seq": after,
+                                    "streamlab.gateway_port": gateway.settings.port})
+        headers.update(reader.headers())
     # A reader that accepts no bytes for the send timeout is cut: its follower
     # detaches, so the grace clock starts, instead of holding on forever.
     return event_stream(
         store.follow(found, after, record), settings=gateway.settings, metrics=gateway.metrics,
-        heartbeat_s=gateway.settings.heartbeat_s,
-        headers={"Last-Event-ID": event_id(found.id, resumes_after), "X-Request-Id": found.id})
+        heartbeat_s=gateway.settings.heartbeat_s, headers=headers,
+        on_close=(lambda: reader.end("closed")) if reader is not None else lambda: None,
+        on_ping=reader.heartbeat if reader is not None else None)
 
 
 async def _retry_only(event: ServerSentEvent) -> AsyncIterator[ServerSentEvent]:

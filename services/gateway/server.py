@@ -12,10 +12,12 @@ import asyncio
 import gc
 import logging
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from services.common import tracing
 from services.gateway.app import create_app
 from services.gateway.drain import Drain
 from services.gateway.settings import GatewaySettings
@@ -51,7 +53,11 @@ class DrainingServer(uvicorn.Server):
 
 
 def uvicorn_config(app: FastAPI, settings: GatewaySettings) -> uvicorn.Config:
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+    # JSON logs: uvicorn's loggers go through the root logger's JSON handler
+    # instead of their own plain ones.
+    logging_config: dict[str, Any] = {"log_config": None} if tracing.json_logs() else {}
+    return uvicorn.Config(app, **logging_config, host=settings.host, port=settings.port,
+                          log_level="info",
                           # The drain already waited; this only bounds stragglers.
                           timeout_graceful_shutdown=5,
                           # The client's address, for its identity without auth
@@ -65,7 +71,10 @@ def uvicorn_config(app: FastAPI, settings: GatewaySettings) -> uvicorn.Config:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tracing.configure_logging()
+    # Tracing on only if the OTEL_* variables ask for it (services/common/tracing.py).
+    if tracing.setup("streamlab-gateway") is not None:
+        log.info("tracing on: OTLP to %s", tracing.otlp_endpoint())
     settings = GatewaySettings()
     app = create_app(settings)
     # Everything built so far (modules, the app, its routes and models) lives as

@@ -313,9 +313,13 @@ class GuardedEventSourceResponse(EventSourceResponse):
 def event_stream(events: AsyncIterator[ServerSentEvent | bytes], *,
                  settings: GatewaySettings, metrics: GatewayMetrics, heartbeat_s: float,
                  headers: dict[str, str], on_close: Callable[[], None] = lambda: None,
-                 on_disconnect: Callable[[], None] = lambda: None) -> EventSourceResponse:
+                 on_disconnect: Callable[[], None] = lambda: None,
+                 on_ping: Callable[[], None] | None = None) -> EventSourceResponse:
+    """`on_ping`: told of each heartbeat (the stream's span, tracing on)."""
     def ping() -> ServerSentEvent:
         metrics.heartbeats.inc()
+        if on_ping is not None:
+            on_ping()
         return ServerSentEvent(comment="ping")
 
     return GuardedEventSourceResponse(

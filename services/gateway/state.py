@@ -79,8 +79,9 @@ class GatewayState:
 
     def lease(self, body: ChatCompletionRequest | None, request_id: str,
               client_key: str | None, surface: str = "sse",
-              detachable: bool = False) -> EngineLease:
-        return EngineLease(self, body, request_id, client_key, surface, detachable)
+              detachable: bool = False, traceparent: str | None = None) -> EngineLease:
+        return EngineLease(self, body, request_id, client_key, surface, detachable,
+                           traceparent)
 
 
 async def gateway_state(connection: HTTPConnection) -> GatewayState:

@@ -105,6 +105,9 @@ def up(
     engine_wire: Annotated[str | None, typer.Option(
         help="Gateway to engine: multiplexed (one Session per engine, the default) or "
              "per_request (a gRPC call a stream; docs/cancellation-and-backpressure.md).")] = None,
+    tracing: Annotated[bool, typer.Option(
+        "--tracing", help="Jaeger beside the lab; the gateways and engines export their spans "
+                          "to it and log JSON (docs/tracing.md; `streamlab trace ID`).")] = False,
     as_json: AsJson = False,
 ) -> None:
     """Start the lab (detached) and print its services and URLs.
@@ -133,7 +136,8 @@ def up(
     options = LabOptions(run_dir=run_dir, engine_env=choice.engine_env,
                          gateway_env=gateway_env, console=with_console,
                          gateways=gateways, engines=engines, store=store,
-                         proxy=proxy, proxy_config=proxy_config.resolve() if proxy_config else None)
+                         proxy=proxy, proxy_config=proxy_config.resolve() if proxy_config else None,
+                         tracing=tracing)
     if nginx_send_timeout_s is not None:
         options.nginx = NginxOptions(send_timeout_s=nginx_send_timeout_s)
     if choice.engine_ready_timeout_s is not None:

@@ -25,7 +25,7 @@ from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
 from streamlab import paths
 from streamlab.console.settings import ConsoleSettings
-from streamlab.lab import nginx, processes, proxies, tls
+from streamlab.lab import jaeger, nginx, processes, proxies, tls
 from streamlab.lab.endpoints import (
     REDIS,
     REDIS_NO_PERSISTENCE,
@@ -89,6 +89,9 @@ class LabOptions:
     # Redis's append-only file (endpoints.REDIS_PERSISTENCE); False: no
     # persistence, the broken mode the `store-restart` scenario contrasts.
     redis_aof: bool = True
+    # `streamlab up --tracing`: Jaeger beside the lab, the services export their
+    # spans to it and log JSON (streamlab/lab/jaeger.py, docs/tracing.md).
+    tracing: bool = False
 
     def gateway_settings(self) -> GatewaySettings:
         """The gateways' settings as this lab gives them: its own overrides on top
@@ -185,6 +188,12 @@ class Lab(ServedLab):
         probes = self.probes()
         setup = self.proxy_setup
         specs: dict[str, ServiceSpec] = {}
+        def traced(name: str) -> dict[str, str]:
+            return jaeger.service_env(p, name) if self.options.tracing else {}
+        if self.options.tracing:
+            specs[jaeger.JAEGER] = ServiceSpec(
+                jaeger.JAEGER, jaeger.command(jaeger.find_jaeger()),
+                env=jaeger.environment(p), ready=lambda: jaeger.ready(p), cwd=self.run_dir)
         for name in self.engine_names:
             _, k = split_replica(name)
             specs[name] = ServiceSpec(
@@ -194,7 +203,7 @@ class Lab(ServedLab):
                      # Each engine's /metrics by the same replica rule as its port.
                      "STREAMLAB_ENGINE_METRICS_PORT": str(
                          replica_port(p, p.engine_metrics_port, k)),
-                     **self.options.engine_env},
+                     **traced(name), **self.options.engine_env},
                 ready=probes[name], ready_timeout_s=self.options.engine_ready_timeout_s,
                 cwd=REPO_ROOT,
             )
@@ -230,7 +239,7 @@ class Lab(ServedLab):
                      "STREAMLAB_GATEWAY_CONSOLE_PORT": str(self.ports.console_port),
                      "STREAMLAB_GATEWAY_JOB_ROUTE": nginx.job_route(
                          name, self.replicas.gateways),
-                     **store_env(name), **self.options.gateway_env},
+                     **store_env(name), **traced(name), **self.options.gateway_env},
                 ready=probes[name], cwd=REPO_ROOT,
             ) for name in self.gateway_names},
             "nginx": ServiceSpec(
@@ -271,6 +280,8 @@ class Lab(ServedLab):
         self.write_configs()
         specs = self.specs()
         try:
+            if self.options.tracing:  # first: the services export to it from their start
+                self._start(specs[jaeger.JAEGER])
             for name in self.order():
                 self._start(specs[name])
             self._wait_for_chain()
@@ -346,7 +357,7 @@ class Lab(ServedLab):
         # This lab's order, then anything else state.json named (a lab saved
         # with other replica counts): nothing it started is left running.
         self._adopt_saved_pids()
-        names = [*reversed((*self.order(), CONSOLE)), *self.running]
+        names = [*reversed((jaeger.JAEGER, *self.order(), CONSOLE)), *self.running]
         for name in names:
             running = self.running.pop(name, None)
             if running is not None:
@@ -395,6 +406,7 @@ class Lab(ServedLab):
             "proxy_config": str(self.options.proxy_config) if self.options.proxy_config else None,
             "gateway_env": service_env("STREAMLAB_GATEWAY_", self.options.gateway_env),
             "engine_env": service_env("STREAMLAB_ENGINE_", self.options.engine_env),
+            "tracing": self.options.tracing,
         }
         (self.run_dir / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -435,7 +447,7 @@ class Lab(ServedLab):
             engine_env=state.get("engine_env", {}), gateways=replicas.get("gateways", 1),
             engines=replicas.get("engines", 1),
             store="redis" if replicas.get("redis") else "memory",
-            proxy=state.get("proxy", "nginx"),
+            proxy=state.get("proxy", "nginx"), tracing=bool(state.get("tracing", False)),
             proxy_config=Path(state["proxy_config"]) if state.get("proxy_config") else None))
         for name, entry in state["services"].items():
             lab.running[name] = Running(ServiceSpec(name, []), int(entry["pid"]),

@@ -61,6 +61,10 @@ class Ports(BaseSettings):
     replica_port_step: int = 10
     # The lab console (streamlab/console): a client of the lab, not a hop of it.
     console_port: int
+    # Jaeger (`streamlab up --tracing`): OTLP/HTTP in, the query API out.
+    jaeger_otlp_port: int
+    jaeger_query_port: int
+    jaeger_query_grpc_port: int
 
     @classmethod
     def load(cls) -> Ports:

@@ -13,19 +13,22 @@ import asyncio
 import json
 import re
 import time
+import uuid
+from pathlib import Path
 
 import anyio
 import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from services.client.openai_stream import chat_body, stream_chat
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from streamlab.experiments.load_clients import LogTail
 from streamlab.experiments.report import JSON, Figures
 from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Measured, Setup
 from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
+from streamlab.lab.trace_timeline import client_headers, record_client
 from streamlab_protocol.sse import Event, SSEDecoder
 
 CONNECT_TIMEOUT_S = 5.0
@@ -63,15 +66,22 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
     read_timeout = timing.watchdog_s if setup.watchdog else None
     nginx_log, gateway_log = LogTail.of(lab, "nginx"), LogTail.of(lab, "gateway")
+    # Its own request id and a trace it starts: the report names the stream,
+    # and `streamlab trace ID` draws it on a lab up with --tracing.
+    request_id = uuid.uuid4().hex
+    traced = client_headers(request_id)
+    started_unix = time.time()
     started = time.perf_counter()
     result = None
     async with httpx.AsyncClient(timeout=httpx.Timeout(read_timeout,
                                                        connect=CONNECT_TIMEOUT_S)) as client:
         with anyio.move_on_after(hang_deadline_s(setup, timing)):
             result = await stream_chat(client, url, request_body(setup, timing),
-                                       headers={"Accept-Encoding": setup.accept_encoding})
+                                       headers={"Accept-Encoding": setup.accept_encoding,
+                                                **traced})
     elapsed = time.perf_counter() - started
-    figures: Figures = {"hung": result is None}
+    _record_traced(lab, request_id, traced["traceparent"], started_unix, result, elapsed)
+    figures: Figures = {"hung": result is None, "request_id": request_id}
     if result is None:
         figures.update(total_s=elapsed, done=False, tokens=0, error_code="",
                        client_error=f"none: still waiting after {elapsed:.1f} s")
@@ -110,6 +120,25 @@ async def sse_stream(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     events: list[tuple[float | None, str]] = [(at, "ping") for at in result.ping_times]
     events += [] if result.done else [(total, ended or "cut")]
     return Measured(figures, (from_token_times(result.token_times, events),))
+
+
+def _record_traced(lab: LabTarget, request_id: str, traceparent: str, started_unix: float,
+                   result: StreamResult | None, elapsed: float) -> None:
+    """The client's timings of a stream, for `streamlab trace`, on a local lab
+    up with --tracing (its run dir holds them)."""
+    options = getattr(lab, "options", None)
+    run_dir = getattr(lab, "run_dir", None)
+    if not getattr(options, "tracing", False) or run_dir is None:
+        return
+    if result is None:
+        record_client(Path(run_dir), request_id, traceparent, started_unix, None, None, None,
+                      elapsed, error="hung")
+        return
+    error = str((result.error or {}).get("code") or "")
+    record_client(Path(run_dir), request_id, traceparent,
+                  result.started_unix or started_unix, result.headers_s,
+                  result.first_byte_s, result.ttft_s, result.total_s or elapsed,
+                  result.ping_times, result.done, error)
 
 
 async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:

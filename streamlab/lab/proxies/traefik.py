@@ -40,7 +40,16 @@ class Traefik(EdgeProxy):
             "--log.level=INFO",
             # Plain lines in the log file, so startup_errors can read them.
             "--log.noColor=true",
-            "--accessLog=false",
+            # The access log, JSON (docs/tracing.md): the request id and trace
+            # context headers kept, the others dropped; Duration and
+            # OriginDuration (the gateway's part), status, size.
+            "--accessLog=true",
+            f"--accessLog.filePath={setup.run_dir / 'access.log'}",
+            "--accessLog.format=json",
+            "--accessLog.fields.headers.defaultMode=drop",
+            "--accessLog.fields.headers.names.X-Request-Id=keep",
+            "--accessLog.fields.headers.names.Traceparent=keep",
+            "--accessLog.fields.headers.names.Traceresponse=keep",
             "--global.checkNewVersion=false",
             "--global.sendAnonymousUsage=false",
         ]

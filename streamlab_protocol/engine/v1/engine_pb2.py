@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\"\xa3\x02\n\x0eSessionRequest\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12\x38\n\x04open\x18\x02 \x01(\x0b\x32(.streamlab.api.engine.v1.GenerateRequestH\x00\x12\x38\n\x06\x61ttach\x18\x03 \x01(\x0b\x32&.streamlab.api.engine.v1.AttachRequestH\x00\x12\x36\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32%.streamlab.api.engine.v1.SessionAbortH\x00\x12\x38\n\x06\x63redit\x18\x05 \x01(\x0b\x32&.streamlab.api.engine.v1.SessionCreditH\x00\x12\x15\n\rwindow_tokens\x18\x06 \x01(\rB\x06\n\x04kind\"\x0e\n\x0cSessionAbort\"\x1f\n\rSessionCredit\x12\x0e\n\x06tokens\x18\x01 \x01(\r\"e\n\x0cSessionEvent\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.streamlab.api.engine.v1.SessionItem\x12\x14\n\x07serving\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_serving\"\xd6\x01\n\x0bSessionItem\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12<\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x0b\x32(.streamlab.api.engine.v1.SessionAcceptedH\x00\x12:\n\x05\x65vent\x18\x03 \x01(\x0b\x32).streamlab.api.engine.v1.GenerateResponseH\x00\x12\x37\n\x05\x65nded\x18\x04 \x01(\x0b\x32&.streamlab.api.engine.v1.SessionStatusH\x00\x42\x06\n\x04kind\"%\n\x0fSessionAccepted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\".\n\rSessionStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xa3\x02\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClock\x12\x17\n\ntool_calls\x18\x06 \x01(\rH\x03\x88\x01\x01\x42\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokensB\r\n\x0b_tool_calls\"\xc1\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x12\x12\n\ndetachable\x18\t \x01(\x08\x12,\n\x05tools\x18\n \x03(\x0b\x32\x1d.streamlab.api.engine.v1.Tool\x12\x38\n\x0btool_choice\x18\x0b \x01(\x0b\x32#.streamlab.api.engine.v1.ToolChoiceB\t\n\x07_timingB\x0b\n\t_sampling\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"U\n\nToolChoice\x12\x35\n\x04mode\x18\x01 \x01(\x0e\x32\'.streamlab.api.engine.v1.ToolChoiceMode\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"k\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xaf\x02\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x12;\n\ttool_call\x18\x05 \x01(\x0b\x32&.streamlab.api.engine.v1.ToolCallDeltaH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xc2\x03\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\x12\x1c\n\x14generations_orphaned\x18\x0b \x01(\x04\x12\x1e\n\x16generations_reattached\x18\x0c \x01(\x04\x12\"\n\x1agenerations_orphan_expired\x18\r \x01(\x04\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*\xa6\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n\x19TOOL_CHOICE_MODE_FUNCTION\x10\x04*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\xec\x03\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponse\x12]\n\x06\x41ttach\x12&.streamlab.api.engine.v1.AttachRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12Y\n\x06\x43\x61ncel\x12&.streamlab.api.engine.v1.CancelRequest\x1a\'.streamlab.api.engine.v1.CancelResponse\x12]\n\x07Session\x12\'.streamlab.api.engine.v1.SessionRequest\x1a%.streamlab.api.engine.v1.SessionEvent(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)streamlab_protocol/engine/v1/engine.proto\x12\x17streamlab.api.engine.v1\"\xa3\x02\n\x0eSessionRequest\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12\x38\n\x04open\x18\x02 \x01(\x0b\x32(.streamlab.api.engine.v1.GenerateRequestH\x00\x12\x38\n\x06\x61ttach\x18\x03 \x01(\x0b\x32&.streamlab.api.engine.v1.AttachRequestH\x00\x12\x36\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32%.streamlab.api.engine.v1.SessionAbortH\x00\x12\x38\n\x06\x63redit\x18\x05 \x01(\x0b\x32&.streamlab.api.engine.v1.SessionCreditH\x00\x12\x15\n\rwindow_tokens\x18\x06 \x01(\rB\x06\n\x04kind\"\x0e\n\x0cSessionAbort\"\x1f\n\rSessionCredit\x12\x0e\n\x06tokens\x18\x01 \x01(\r\"e\n\x0cSessionEvent\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.streamlab.api.engine.v1.SessionItem\x12\x14\n\x07serving\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_serving\"\xd6\x01\n\x0bSessionItem\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\x04\x12<\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x0b\x32(.streamlab.api.engine.v1.SessionAcceptedH\x00\x12:\n\x05\x65vent\x18\x03 \x01(\x0b\x32).streamlab.api.engine.v1.GenerateResponseH\x00\x12\x37\n\x05\x65nded\x18\x04 \x01(\x0b\x32&.streamlab.api.engine.v1.SessionStatusH\x00\x42\x06\n\x04kind\"%\n\x0fSessionAccepted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\".\n\rSessionStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"3\n\nThinkPause\x12\x13\n\x0b\x61\x66ter_token\x18\x01 \x01(\r\x12\x10\n\x08pause_ms\x18\x02 \x01(\r\"\xa3\x02\n\x0f\x46\x61keModelTiming\x12\x17\n\nprefill_ms\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0ctoken_gap_ms\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x06pauses\x18\x03 \x03(\x0b\x32#.streamlab.api.engine.v1.ThinkPause\x12\x1a\n\ranswer_tokens\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x31\n\x05\x63lock\x18\x05 \x01(\x0e\x32\".streamlab.api.engine.v1.FakeClock\x12\x17\n\ntool_calls\x18\x06 \x01(\rH\x03\x88\x01\x01\x42\r\n\x0b_prefill_msB\x0f\n\r_token_gap_msB\x10\n\x0e_answer_tokensB\r\n\x0b_tool_calls\"\xd6\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x36\n\x08messages\x18\x03 \x03(\x0b\x32$.streamlab.api.engine.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12=\n\x06timing\x18\x05 \x01(\x0b\x32(.streamlab.api.engine.v1.FakeModelTimingH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12?\n\x08sampling\x18\x07 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptionsH\x01\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x08 \x01(\x08\x12\x12\n\ndetachable\x18\t \x01(\x08\x12,\n\x05tools\x18\n \x03(\x0b\x32\x1d.streamlab.api.engine.v1.Tool\x12\x38\n\x0btool_choice\x18\x0b \x01(\x0b\x32#.streamlab.api.engine.v1.ToolChoice\x12\x13\n\x0btraceparent\x18\x0c \x01(\tB\t\n\x07_timingB\x0b\n\t_sampling\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"U\n\nToolChoice\x12\x35\n\x04mode\x18\x01 \x01(\x0e\x32\'.streamlab.api.engine.v1.ToolChoiceMode\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"\x80\x01\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x14\x61\x63\x63\x65pt_token_batches\x18\x03 \x01(\x08\x12\x13\n\x0btraceparent\x18\x04 \x01(\tB\x0e\n\x0c_after_index\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xdf\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\")\n\nTokenChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"A\n\nTokenBatch\x12\x33\n\x06\x63hunks\x18\x01 \x03(\x0b\x32#.streamlab.api.engine.v1.TokenChunk\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"n\n\x06\x46inish\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.streamlab.api.engine.v1.FinishReason\x12-\n\x05usage\x18\x02 \x01(\x0b\x32\x1e.streamlab.api.engine.v1.Usage\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xaf\x02\n\x10GenerateResponse\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenChunkH\x00\x12\x31\n\x06\x66inish\x18\x02 \x01(\x0b\x32\x1f.streamlab.api.engine.v1.FinishH\x00\x12\x35\n\x05\x65rror\x18\x03 \x01(\x0b\x32$.streamlab.api.engine.v1.StreamErrorH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.streamlab.api.engine.v1.TokenBatchH\x00\x12;\n\ttool_call\x18\x05 \x01(\x0b\x32&.streamlab.api.engine.v1.ToolCallDeltaH\x00\x42\x07\n\x05\x65vent\"%\n\x0fGetStatsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x8e\x02\n\x10GenerationRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x37\n\x05state\x18\x02 \x01(\x0e\x32(.streamlab.api.engine.v1.GenerationState\x12\x18\n\x10tokens_generated\x18\x03 \x01(\r\x12\x1b\n\x13tokens_after_cancel\x18\x04 \x01(\r\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x14\n\x0c\x63\x61ncelled_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12:\n\x08sampling\x18\x08 \x01(\x0b\x32(.streamlab.api.engine.v1.SamplingOptions\"\xc2\x03\n\x10GetStatsResponse\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x18\n\x10tokens_generated\x18\x02 \x01(\x04\x12\x1a\n\x12generations_active\x18\x03 \x01(\r\x12\x1b\n\x13generations_started\x18\x04 \x01(\x04\x12\x1d\n\x15generations_completed\x18\x05 \x01(\x04\x12\x1d\n\x15generations_cancelled\x18\x06 \x01(\x04\x12\x1a\n\x12generations_failed\x18\x07 \x01(\x04\x12\x1b\n\x13tokens_after_cancel\x18\x08 \x01(\x04\x12>\n\x0bgenerations\x18\t \x03(\x0b\x32).streamlab.api.engine.v1.GenerationRecord\x12\x31\n\x04load\x18\n \x01(\x0b\x32#.streamlab.api.engine.v1.EngineLoad\x12\x1c\n\x14generations_orphaned\x18\x0b \x01(\x04\x12\x1e\n\x16generations_reattached\x18\x0c \x01(\x04\x12\"\n\x1agenerations_orphan_expired\x18\r \x01(\x04\"\xc3\x01\n\nEngineLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x15\n\rrunning_limit\x18\x02 \x01(\r\x12\x15\n\rqueue_waiting\x18\x03 \x01(\r\x12\x13\n\x0bqueue_limit\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x1f\n\x17\x64\x65vice_memory_allocated\x18\x06 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x07 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_step_tokens\x18\x08 \x01(\x04*Z\n\tFakeClock\x12\x1a\n\x16\x46\x41KE_CLOCK_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41KE_CLOCK_BATCHED\x10\x01\x12\x19\n\x15\x46\x41KE_CLOCK_PER_STREAM\x10\x02*\xa6\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n\x19TOOL_CHOICE_MODE_FUNCTION\x10\x04*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*\xae\x01\n\x0fGenerationState\x12 \n\x1cGENERATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18GENERATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aGENERATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aGENERATION_STATE_CANCELLED\x10\x03\x12\x1b\n\x17GENERATION_STATE_FAILED\x10\x04\x32\xec\x03\n\rEngineService\x12\x61\n\x08Generate\x12(.streamlab.api.engine.v1.GenerateRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12_\n\x08GetStats\x12(.streamlab.api.engine.v1.GetStatsRequest\x1a).streamlab.api.engine.v1.GetStatsResponse\x12]\n\x06\x41ttach\x12&.streamlab.api.engine.v1.AttachRequest\x1a).streamlab.api.engine.v1.GenerateResponse0\x01\x12Y\n\x06\x43\x61ncel\x12&.streamlab.api.engine.v1.CancelRequest\x1a\'.streamlab.api.engine.v1.CancelResponse\x12]\n\x07Session\x12\'.streamlab.api.engine.v1.SessionRequest\x1a%.streamlab.api.engine.v1.SessionEvent(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamlab_protocol.engine.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAKECLOCK']._serialized_start=3902
-  _globals['_FAKECLOCK']._serialized_end=3992
-  _globals['_TOOLCHOICEMODE']._serialized_start=3995
-  _globals['_TOOLCHOICEMODE']._serialized_end=4161
-  _globals['_FINISHREASON']._serialized_start=4163
-  _globals['_FINISHREASON']._serialized_end=4288
-  _globals['_GENERATIONSTATE']._serialized_start=4291
-  _globals['_GENERATIONSTATE']._serialized_end=4465
+  _globals['_FAKECLOCK']._serialized_start=3945
+  _globals['_FAKECLOCK']._serialized_end=4035
+  _globals['_TOOLCHOICEMODE']._serialized_start=4038
+  _globals['_TOOLCHOICEMODE']._serialized_end=4204
+  _globals['_FINISHREASON']._serialized_start=4206
+  _globals['_FINISHREASON']._serialized_end=4331
+  _globals['_GENERATIONSTATE']._serialized_start=4334
+  _globals['_GENERATIONSTATE']._serialized_end=4508
   _globals['_SESSIONREQUEST']._serialized_start=71
   _globals['_SESSIONREQUEST']._serialized_end=362
   _globals['_SESSIONABORT']._serialized_start=364
@@ -60,41 +60,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FAKEMODELTIMING']._serialized_start=920
   _globals['_FAKEMODELTIMING']._serialized_end=1211
   _globals['_GENERATEREQUEST']._serialized_start=1214
-  _globals['_GENERATEREQUEST']._serialized_end=1663
-  _globals['_TOOL']._serialized_start=1665
-  _globals['_TOOL']._serialized_end=1731
-  _globals['_TOOLCHOICE']._serialized_start=1733
-  _globals['_TOOLCHOICE']._serialized_end=1818
-  _globals['_ATTACHREQUEST']._serialized_start=1820
-  _globals['_ATTACHREQUEST']._serialized_end=1927
-  _globals['_CANCELREQUEST']._serialized_start=1929
-  _globals['_CANCELREQUEST']._serialized_end=1964
-  _globals['_CANCELRESPONSE']._serialized_start=1966
-  _globals['_CANCELRESPONSE']._serialized_end=2001
-  _globals['_SAMPLINGOPTIONS']._serialized_start=2004
-  _globals['_SAMPLINGOPTIONS']._serialized_end=2227
-  _globals['_TOKENCHUNK']._serialized_start=2229
-  _globals['_TOKENCHUNK']._serialized_end=2270
-  _globals['_TOKENBATCH']._serialized_start=2272
-  _globals['_TOKENBATCH']._serialized_end=2337
-  _globals['_USAGE']._serialized_start=2339
-  _globals['_USAGE']._serialized_end=2396
-  _globals['_FINISH']._serialized_start=2398
-  _globals['_FINISH']._serialized_end=2508
-  _globals['_STREAMERROR']._serialized_start=2510
-  _globals['_STREAMERROR']._serialized_end=2554
-  _globals['_TOOLCALLDELTA']._serialized_start=2556
-  _globals['_TOOLCALLDELTA']._serialized_end=2631
-  _globals['_GENERATERESPONSE']._serialized_start=2634
-  _globals['_GENERATERESPONSE']._serialized_end=2937
-  _globals['_GETSTATSREQUEST']._serialized_start=2939
-  _globals['_GETSTATSREQUEST']._serialized_end=2976
-  _globals['_GENERATIONRECORD']._serialized_start=2979
-  _globals['_GENERATIONRECORD']._serialized_end=3249
-  _globals['_GETSTATSRESPONSE']._serialized_start=3252
-  _globals['_GETSTATSRESPONSE']._serialized_end=3702
-  _globals['_ENGINELOAD']._serialized_start=3705
-  _globals['_ENGINELOAD']._serialized_end=3900
-  _globals['_ENGINESERVICE']._serialized_start=4468
-  _globals['_ENGINESERVICE']._serialized_end=4960
+  _globals['_GENERATEREQUEST']._serialized_end=1684
+  _globals['_TOOL']._serialized_start=1686
+  _globals['_TOOL']._serialized_end=1752
+  _globals['_TOOLCHOICE']._serialized_start=1754
+  _globals['_TOOLCHOICE']._serialized_end=1839
+  _globals['_ATTACHREQUEST']._serialized_start=1842
+  _globals['_ATTACHREQUEST']._serialized_end=1970
+  _globals['_CANCELREQUEST']._serialized_start=1972
+  _globals['_CANCELREQUEST']._serialized_end=2007
+  _globals['_CANCELRESPONSE']._serialized_start=2009
+  _globals['_CANCELRESPONSE']._serialized_end=2044
+  _globals['_SAMPLINGOPTIONS']._serialized_start=2047
+  _globals['_SAMPLINGOPTIONS']._serialized_end=2270
+  _globals['_TOKENCHUNK']._serialized_start=2272
+  _globals['_TOKENCHUNK']._serialized_end=2313
+  _globals['_TOKENBATCH']._serialized_start=2315
+  _globals['_TOKENBATCH']._serialized_end=2380
+  _globals['_USAGE']._serialized_start=2382
+  _globals['_USAGE']._serialized_end=2439
+  _globals['_FINISH']._serialized_start=2441
+  _globals['_FINISH']._serialized_end=2551
+  _globals['_STREAMERROR']._serialized_start=2553
+  _globals['_STREAMERROR']._serialized_end=2597
+  _globals['_TOOLCALLDELTA']._serialized_start=2599
+  _globals['_TOOLCALLDELTA']._serialized_end=2674
+  _globals['_GENERATERESPONSE']._serialized_start=2677
+  _globals['_GENERATERESPONSE']._serialized_end=2980
+  _globals['_GETSTATSREQUEST']._serialized_start=2982
+  _globals['_GETSTATSREQUEST']._serialized_end=3019
+  _globals['_GENERATIONRECORD']._serialized_start=3022
+  _globals['_GENERATIONRECORD']._serialized_end=3292
+  _globals['_GETSTATSRESPONSE']._serialized_start=3295
+  _globals['_GETSTATSRESPONSE']._serialized_end=3745
+  _globals['_ENGINELOAD']._serialized_start=3748
+  _globals['_ENGINELOAD']._serialized_end=3943
+  _globals['_ENGINESERVICE']._serialized_start=4511
+  _globals['_ENGINESERVICE']._serialized_end=5003
 # @@protoc_insertion_point(module_scope)

@@ -146,7 +146,7 @@ class FakeModelTiming(_message.Message):
     def __init__(self, prefill_ms: _Optional[int] = ..., token_gap_ms: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[ThinkPause, _Mapping]]] = ..., answer_tokens: _Optional[int] = ..., clock: _Optional[_Union[FakeClock, str]] = ..., tool_calls: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling", "accept_token_batches", "detachable", "tools", "tool_choice")
+    __slots__ = ("request_id", "prompt", "messages", "max_tokens", "timing", "stop", "sampling", "accept_token_batches", "detachable", "tools", "tool_choice", "traceparent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class GenerateRequest(_message.Message):
     DETACHABLE_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -169,7 +170,8 @@ class GenerateRequest(_message.Message):
     detachable: bool
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., accept_token_batches: _Optional[bool] = ..., detachable: _Optional[bool] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., timing: _Optional[_Union[FakeModelTiming, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., accept_token_batches: _Optional[bool] = ..., detachable: _Optional[bool] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json")
@@ -190,14 +192,16 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function: _Optional[str] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ("request_id", "after_index", "accept_token_batches")
+    __slots__ = ("request_id", "after_index", "accept_token_batches", "traceparent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_INDEX_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_TOKEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     after_index: int
     accept_token_batches: bool
-    def __init__(self, request_id: _Optional[str] = ..., after_index: _Optional[int] = ..., accept_token_batches: _Optional[bool] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, request_id: _Optional[str] = ..., after_index: _Optional[int] = ..., accept_token_batches: _Optional[bool] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

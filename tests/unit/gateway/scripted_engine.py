@@ -90,7 +90,8 @@ class ScriptedEngine:
         self.calls.append(call)
         return EngineStream(call, request.request_id, self._idle_timeout_s, 3600.0)
 
-    async def attach(self, request_id: str, after_index: int | None) -> EngineStream:
+    async def attach(self, request_id: str, after_index: int | None,
+                     traceparent: str = "") -> EngineStream:
         raise EngineError(404, "not_found", f"no detachable generation {request_id!r}")
 
     async def cancel(self, request_id: str) -> bool:

@@ -195,6 +195,7 @@ ARGUMENTS = {
     "proxy enable": ["edge"],
     "proxy disable": ["edge"],
     "scenario run": ["buffering"],
+    "trace": ["some-request-id"],
 }
 # Commands with a run dir that need no lab there: `up` starts one, `down`
 # with none up has nothing to do (exit 0: `make down` twice is no error).
@@ -276,6 +277,7 @@ ELSEWHERE = {
     "scenario matrix": "tests/integration/test_proxy_matrix.py",
     "compose config": "test_compose_config_check_is_one_document below",
     "install toxiproxy": "its own tests (a Go build: minutes)",
+    "trace": "tests/integration/test_tracing.py (a lab up with --tracing, Jaeger)",
     **{path: "tests/integration/test_bench_*.py, test_experiment_exits.py"
        for path in COMMANDS if path.startswith("bench ")},
 }
