@@ -161,9 +161,10 @@ async def redis_restart(target: LabTarget, setup: Setup, timing: Timing) -> Figu
         await asyncio.to_thread(lab.kill_service, REDIS)
         await asyncio.sleep(REDIS_DOWN_S)  # the outage itself, not a wait for something
         await asyncio.to_thread(lab.start_service, REDIS)
-        # Long enough for every stream's rest (7 s) and its readers' resumes;
-        # a reader still without an end then waits on a stream nobody advances.
-        await readers_done(reading, RESTART_TOKENS * RESTART_GAP_MS / 1000 + 30)
+        # Long enough for every stream's rest (~6 s) and its readers' resumes
+        # (the fixed mode's last reader ends ~5 s after the restart); a reader
+        # still without an end then waits on a stream nobody advances.
+        await readers_done(reading, RESTART_TOKENS * RESTART_GAP_MS / 1000 + 15)
         running = await left_running(lab, ids)
         died = unretrieved(lab)
     return {
