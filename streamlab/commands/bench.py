@@ -81,7 +81,9 @@ def _render(report: Report, *, as_json: bool = False, as_markdown: bool = False,
     exit status of its verdict (0 every check held, 1 not); a bench whose
     checks are targets to read, not a verdict (`verdict=False`), exits 0."""
     if plot is not None:
-        report = render.plot(report, plot)
+        from streamlab.experiments.bench import plot as plots  # matplotlib: late
+
+        report = plots.plot(report, plot)
         for artifact in report.artifacts:
             err.print(f"plot written to {artifact.path}", markup=False)
     render.show(report, console, as_json=as_json, as_markdown=as_markdown)
@@ -332,6 +334,7 @@ def scale(
     then (cell e) a reconnect storm and (cell f) cancel latency beside 1,000 streams. Last,
     every target of the cells that ran, measured / target / met, in one table."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
+    from streamlab.experiments.scenarios.reconnect_storm import fixed_storm
 
     lab = reach(run_dir)
     if entry not in ENTRIES:
@@ -354,7 +357,7 @@ def scale(
             slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
             cadence=not skip_cadence, setup_streams=setup_streams,
             storm_streams=storm_streams, cancel_background=cancel_background,
-            cancel_streams=cancel_streams, floor_logs=run_dir / "logs",
+            cancel_streams=cancel_streams, floor_logs=run_dir / "logs", storm_cell=fixed_storm,
             on_cell=on_cell, on_step=lambda step: err.print(f"{step} ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
     _render(report, as_json=as_json, plot=plot, verdict=False)

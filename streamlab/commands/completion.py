@@ -41,10 +41,12 @@ def _quiet(function: Callable[..., Iterable[str | tuple[str, str]]]
 
 
 def _run_dir(ctx: typer.Context) -> Path:
-    from streamlab.commands.lab import DEFAULT_RUN_DIR
+    # The commands' default (commands/lab.py: DEFAULT_RUN_DIR), from where it is
+    # defined: commands/lab.py imports this module for its own completions.
+    from streamlab.paths import run_dir
 
     value = ctx.params.get("run_dir")
-    return Path(value) if value else DEFAULT_RUN_DIR
+    return Path(value) if value else run_dir()
 
 
 def _local_lab(ctx: typer.Context) -> Any:

@@ -36,7 +36,7 @@ def console(
     import uvicorn
 
     from streamlab.console.app import create_app
-    from streamlab.console.settings import ConsoleSettings
+    from streamlab.lab.console_settings import ConsoleSettings
 
     settings = ConsoleSettings.for_ports(Ports.load())
     settings = settings.model_copy(update={k: v for k, v in {"host": host, "port": port}.items()

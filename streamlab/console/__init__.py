@@ -1,6 +1,5 @@
 """The lab console: a page that streams through the edge while you break hops.
 
-    settings.py   ConsoleSettings: where the console listens and what it talks to
     app.py        create_app(settings): the page, its static files, /healthz
     control.py    the control API under /api: toxics, hops, presets, engine stats
     presets.py    the scenario catalogue as one-click presets (data, no I/O)
@@ -11,5 +10,7 @@
 The page streams from the edge itself, like any client (nginx allows the
 console's origin, and only it, to read the answers); the console's server
 proxies only its own control API, through the same Toxiproxy client and
-engine stats the CLI uses. See docs/console.md.
+engine stats the CLI uses. Its settings (`ConsoleSettings`: where it listens and
+what it talks to) are in streamlab/lab/console_settings.py, below the lab that
+starts it with them. See docs/console.md.
 """

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from streamlab.console import control
 from streamlab.console.guard import ConsoleGuard, console_hosts
-from streamlab.console.settings import ConsoleSettings
+from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.toxiproxy import Toxiproxy
 
 STATIC = Path(__file__).resolve().parent / "static"

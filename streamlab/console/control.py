@@ -28,10 +28,10 @@ from pydantic import BaseModel, Field
 
 from streamlab.console import presets
 from streamlab.console.metrics import gateway_figures
-from streamlab.console.settings import ConsoleSettings
 from streamlab.errors import StreamlabError
 from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.scenarios import MODES, Mode
+from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.endpoints import engine_stats
 from streamlab.lab.topology import HOP_NAMES, is_hop_name
 from streamlab.lab.toxiproxy import (

@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from streamlab.console.settings import ConsoleSettings
+from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.topology import Ports
 
 

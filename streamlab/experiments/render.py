@@ -1,11 +1,12 @@
-"""The one renderer: any Report as rich tables for the terminal, as JSON, as
-Markdown tables for the docs, or as a plot.
+"""The one renderer: any Report as rich tables for the terminal, as JSON, or as
+Markdown tables for the docs.
 
     tables(report)      rich tables: the verdict and its checks, the figures, each Table
     show(report, ...)   print them (or the JSON, or Markdown) to a console
     as_json_text(...)   Report.as_json, indented
-    plot(report, path)  the experiment's figure as a PNG; the report comes back
-                        with the plot among its artifacts
+
+A bench's plot is drawn from its Report by bench/plot.py (`plot(report, path)`):
+this module sits below every experiment family and imports none of them.
 
 A report's parts are drawn only when it has no tables of its own: a bench's
 tables already summarise its cells, and the soak's self-test its runs.
@@ -15,14 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from streamlab.experiments.report import Artifact, Figure, Report, Table
+from streamlab.experiments.report import Figure, Report, Table
 
 
 def cell(value: Figure) -> str:
@@ -116,12 +115,3 @@ def show(report: Report, console: Console, *, as_json: bool = False,
         for table in tables(report):
             console.print(table)
 
-
-def plot(report: Report, path: Path) -> Report:
-    """Draw the experiment's plot at `path`; the report with it among its artifacts.
-    matplotlib is imported here, late: it is slow to load and most runs plot nothing."""
-    from streamlab.experiments.bench import plot as plots
-
-    drawn = plots.draw(report, path)
-    return replace(report, artifacts=report.artifacts + tuple(
-        Artifact("plot", str(p), title) for p, title in drawn))

@@ -24,8 +24,8 @@ import httpx
 from services.engine.settings import EngineSettings
 from services.gateway.settings import GatewaySettings
 from streamlab import paths
-from streamlab.console.settings import ConsoleSettings
 from streamlab.lab import jaeger, nginx, processes, proxies, tls
+from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.endpoints import (
     REDIS,
     REDIS_NO_PERSISTENCE,

@@ -10,8 +10,9 @@
 
 Scenarios, the soak, the benches and the integration tests take a LabTarget
 and reach the services through its addresses and handles. Every target has the
-addresses, the hop names (`hops_of`), the services' settings (`options`) and a
-Toxiproxy client. What not every target can give is a *capability*, declared in
+addresses, the hop names (`hops_of`), the services' settings (`options`, a
+LabSettings: what an experiment may read of them, whatever the kind of lab) and
+a Toxiproxy client. What not every target can give is a *capability*, declared in
 `target.capabilities`, so an experiment names what it needs and is skipped with
 that reason (`missing`, `require`) instead of guessing from the class:
 
@@ -42,7 +43,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from streamlab.errors import StreamlabError
 
 if TYPE_CHECKING:
-    from streamlab.lab.local import LabOptions
+    from services.engine.settings import EngineSettings
+    from services.gateway.settings import GatewaySettings
+    from streamlab.lab.nginx import NginxOptions
     from streamlab.lab.tls import LabTls
     from streamlab.lab.topology import Ports
     from streamlab.lab.toxiproxy import ToxiproxyClient
@@ -74,6 +77,35 @@ WHERE_TO_GET: dict[str, str] = {
 }
 
 
+class LabSettings(Protocol):
+    """How a lab set its services up, as far as an experiment may read it (the
+    local lab's LabOptions is one; the compose and fake labs hand one too). The
+    env overrides are the lab's own: a bench that restarts a service on other
+    settings changes them there, and puts them back."""
+
+    @property
+    def nginx(self) -> NginxOptions:
+        """The edge proxy's timeouts (idle, send) as the lab rendered them."""
+        ...
+
+    @property
+    def gateway_env(self) -> dict[str, str]: ...
+
+    @property
+    def engine_env(self) -> dict[str, str]: ...
+
+    @property
+    def proxy_config(self) -> Path | None:
+        """The user's own edge proxy config (`streamlab up --proxy-config`), if any."""
+        ...
+
+    def gateway_settings(self) -> GatewaySettings:
+        """Typed: the gateways' settings, the lab's overrides on the defaults."""
+        ...
+
+    def engine_settings(self) -> EngineSettings: ...
+
+
 class LabTarget(Protocol):
     # ---- what this target is ----------------------------------------------------
     @property
@@ -91,7 +123,7 @@ class LabTarget(Protocol):
     def ports(self) -> Ports: ...
 
     @property
-    def options(self) -> LabOptions:
+    def options(self) -> LabSettings:
         """The services' settings as the lab gave them (idle timeouts, keepalives);
         typed: `options.gateway_settings()`, `options.engine_settings()`."""
         ...

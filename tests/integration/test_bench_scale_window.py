@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.experiments.bench.scale import PROCESSES, cadence_cell
+from streamlab.experiments.bench.probes import PROCESSES
+from streamlab.experiments.bench.scale import cadence_cell
 from streamlab.experiments.bench.targets import LAB_PROCESSES
 from streamlab.lab.target import LabTarget
 

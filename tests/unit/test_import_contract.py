@@ -1,8 +1,10 @@
 """The import contract ([tool.importlinter] in pyproject.toml) holds, and would
 catch a crossing: a copy of the three packages with a service module that
 imports the lab tool, a resume store module that imports what holds it, a lab
-module that imports an experiment or an experiment that imports a command,
-fails `lint-imports`, naming the import."""
+module that imports an experiment or the console, an experiment that imports a
+command, the console that imports a command, a bench, scenario or check that
+imports another family (in a function too), or a shared experiment module that
+imports a family, fails `lint-imports`, naming the import."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def copy_project(into: Path) -> Path:
 
 def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
     # The copy first on the path, ahead of the editable install of the real tree.
-    env = {**os.environ, "PYTHONPATH": str(project)}
+    # Wide enough that no import chain is wrapped across lines.
+    env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -70,13 +73,41 @@ def test_the_tree_as_it_is_keeps_the_contract(project: Path) -> None:
     ("streamlab/experiments/crossing.py", "from streamlab.commands import scenario\n",
      "Experiments know nothing of the command line",
      "streamlab.experiments.crossing -> streamlab.commands.scenario"),
+    # The console is a client of the lab: the lab starts it, with settings that
+    # live in the lab (lab/console_settings.py), and imports nothing of it.
+    ("streamlab/lab/crossing.py", "from streamlab.console import app\n",
+     "The console is a client: nothing below it imports it",
+     "streamlab.lab.crossing -> streamlab.console.app"),
+    ("streamlab/console/crossing.py", "from streamlab.commands import lab\n",
+     "The console knows nothing of the command line",
+     "streamlab.console.crossing -> streamlab.commands.lab"),
+    # Benches, scenarios and checks apart: a bench that runs a scenario's
+    # measurement is handed it; an import inside a function counts too.
+    ("streamlab/experiments/bench/crossing.py",
+     "from streamlab.experiments.scenarios import reconnect_storm\n",
+     "Benches, scenarios and checks import none of each other",
+     "streamlab.experiments.bench.crossing -> streamlab.experiments.scenarios.reconnect_storm"),
+    ("streamlab/experiments/scenarios/crossing.py",
+     "def hidden() -> None:\n    from streamlab.experiments.check import registry\n",
+     "Benches, scenarios and checks import none of each other",
+     "streamlab.experiments.scenarios.crossing -> streamlab.experiments.check.registry"),
+    # The renderer (which a check's verdict uses) drawing a bench's plot: a
+    # shared piece importing a family, and through it a check importing a bench.
+    ("streamlab/experiments/render.py",
+     "\n\ndef plot() -> None:\n    from streamlab.experiments.bench import plot\n",
+     "The experiments' shared pieces import no family",
+     "streamlab.experiments.render -> streamlab.experiments.bench.plot"),
 ], ids=["service-imports-the-lab-tool", "gateway-imports-the-engine",
         "resume-store-imports-the-state-for-types", "resume-store-imports-the-lease",
-        "lab-imports-an-experiment", "experiment-imports-a-command"])
+        "lab-imports-an-experiment", "experiment-imports-a-command",
+        "lab-imports-the-console", "console-imports-a-command",
+        "bench-imports-a-scenario", "scenario-imports-a-check-in-a-function",
+        "renderer-imports-a-bench"])
 def test_a_crossing_breaks_the_contract_and_is_named(
     project: Path, module: str, source: str, contract: str, crossing: str
 ) -> None:
-    (project / module).write_text(source)
+    path = project / module  # a new module, or more lines at the end of one
+    path.write_text((path.read_text() if path.exists() else "") + source)
     result = lint_imports(project)
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{contract} BROKEN" in result.stdout

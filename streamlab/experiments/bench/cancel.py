@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.client.openai_stream import chat_body, stream_chat
+from streamlab.experiments.bench.lab_settings import lab_settings
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.generation_end import wait_for_end
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
@@ -189,8 +190,6 @@ def bench_cancel(lab: LabTarget, *, location: str = "/", streams: int = 200,
     (the caps raised for them, the engine restarted on its own clock, all put
     back after: a local lab only). MissingCapability before any stream opens
     on a target without needs(background)."""
-    from streamlab.experiments.bench.scale import lab_settings
-
     require(lab, needs(background), "bench cancel" + (" --background" if background else ""))
 
     url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"

@@ -11,6 +11,7 @@ lateness against their bounds.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -20,7 +21,7 @@ matplotlib.use("Agg")  # headless: the bench runs in terminals and CI
 import matplotlib.pyplot as plt  # after choosing the backend
 from matplotlib.figure import Figure as Drawing
 
-from streamlab.experiments.report import Figure, Report, Table
+from streamlab.experiments.report import Artifact, Figure, Report, Table
 
 LANE_COLOURS = ["#555555", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#d62728", "#8c564b",
                 "#e377c2", "#17becf"]
@@ -38,6 +39,14 @@ def column(t: Table, name: str) -> list[Figure]:
 def number(value: Figure) -> float:
     """A figure on an axis: nothing measured draws as 0."""
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def plot(report: Report, path: Path) -> Report:
+    """Draw the experiment's plot at `path`; the report with it among its artifacts.
+    Import this module late: matplotlib is slow to load and most runs plot nothing."""
+    drawn = draw(report, path)
+    return replace(report, artifacts=report.artifacts + tuple(
+        Artifact("plot", str(p), title) for p, title in drawn))
 
 
 def draw(report: Report, path: Path) -> list[tuple[Path, str]]:

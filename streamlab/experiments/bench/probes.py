@@ -4,7 +4,9 @@ Bytes come from Toxiproxy's `-proxy-metrics` counters on one proxy (the
 `edge`, where clients connect): everything on the wire, headers, chunk
 framing and WebSocket frame headers included, which the client's own
 libraries never show. CPU comes from the kernel's accounting of each server
-process (user + system), read with psutil before and after.
+process (user + system), read with psutil before and after: `CpuMeter` for one
+process, `ProcessTreeMeter` for one and its children (nginx's workers), which
+every bench that prices a token or a set-up per process shares.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from pathlib import Path
 import psutil
 
 from streamlab.lab.toxiproxy import ToxiproxyClient
+
+# The processes on the path, in the order a token crosses them (client last):
+# the lab's pids by these names, and the bench's own process.
+PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx", "client")
 
 _SAMPLE = re.compile(r'^(toxiproxy_proxy_(?:received|sent)_bytes_total)\{([^}]*)\}\s+(\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -119,3 +125,26 @@ def cpu_ms(before: CpuReading | None, after: CpuReading | None) -> float | None:
     if before is None or after is None:
         return None
     return after.seconds_since(before) * 1000
+
+
+class ProcessTreeMeter:
+    """CPU of a process and its children (nginx's workers), summed per thread."""
+
+    def __init__(self, pid: int) -> None:
+        self._pids = [pid]
+        with contextlib.suppress(psutil.Error):
+            self._pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        self._meters = [CpuMeter(p) for p in self._pids]
+
+    def read(self) -> list[CpuReading | None]:
+        return [m.read() for m in self._meters]
+
+    @staticmethod
+    def ms_between(before: list[CpuReading | None], after: list[CpuReading | None]
+                   ) -> float | None:
+        total, seen = 0.0, False
+        for b, a in zip(before, after, strict=True):
+            if b is not None and a is not None:
+                total += a.seconds_since(b) * 1000
+                seen = True
+        return total if seen else None

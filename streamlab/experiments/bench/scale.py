@@ -34,50 +34,27 @@ is printed with them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import psutil
-
 from services.client.openai_stream import chat_body
+from streamlab.experiments.bench.cancel import WIRES, bench_cancel_wires
+from streamlab.experiments.bench.lab_settings import lab_settings
 from streamlab.experiments.bench.load import LoadResult, SteadyWindow, run_load
-from streamlab.experiments.bench.probes import CpuMeter, CpuReading
+from streamlab.experiments.bench.probes import PROCESSES, CpuMeter, CpuReading, ProcessTreeMeter
+from streamlab.experiments.bench.scale_slow import run_slow
+from streamlab.experiments.bench.setup_cost import run_setup, setup_report
+from streamlab.experiments.bench.targets import Cells, targets_report
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
-from streamlab.lab.target import Capability, LabTarget, MissingCapability, pids_of, require
+from streamlab.lab.target import Capability, LabTarget, pids_of, require
 
 SWEEP = (10, 50, 100, 200, 400)
 CLOCKS = ("batched", "per_stream")
 TARGET_ICL_P99_MS = 30.0
 TARGET_ICL_P50_MS = (19.0, 21.0)
-# Processes on the path, in the order a token crosses them (client last).
-PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx", "client")
-
-
-class ProcessTreeMeter:
-    """CPU of a process and its children (nginx's workers), summed per thread."""
-
-    def __init__(self, pid: int) -> None:
-        self._pids = [pid]
-        with contextlib.suppress(psutil.Error):
-            self._pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        self._meters = [CpuMeter(p) for p in self._pids]
-
-    def read(self) -> list[CpuReading | None]:
-        return [m.read() for m in self._meters]
-
-    @staticmethod
-    def ms_between(before: list[CpuReading | None], after: list[CpuReading | None]
-                   ) -> float | None:
-        total, seen = 0.0, False
-        for b, a in zip(before, after, strict=True):
-            if b is not None and a is not None:
-                total += a.seconds_since(b) * 1000
-                seen = True
-        return total if seen else None
 
 
 def _per_token_us(cpu_ms: dict[str, float | None], tokens: int | None
@@ -151,51 +128,6 @@ class ScaleCell:
 
 SCALE_COLUMNS = ("clock", "streams", "ok", "batch", "ICL p50", "p90", "p99", "TTFT p99", "load",
                  f"µs/token: {PROCESSES[0]}", *PROCESSES[1:], "total", "total running")
-
-
-@contextlib.contextmanager
-def lab_settings(lab: LabTarget, largest: int) -> Iterator[Callable[[str], None]]:
-    """Raise the caps for `largest` streams; yield a function that puts the engine
-    on a clock (restarting it when it changes); restore everything at the end."""
-    from streamlab.lab.local import Lab
-
-    if not isinstance(lab, Lab):
-        raise MissingCapability("pids", "bench scale restarts the engine to switch clocks")
-    engine_env, gateway_env = lab.options.engine_env, lab.options.gateway_env
-    saved = dict(engine_env), dict(gateway_env)
-    caps = str(largest + 16)
-    wanted_gateway = {"STREAMLAB_GATEWAY_MAX_STREAMS": caps,
-                      "STREAMLAB_GATEWAY_MAX_STREAMS_PER_CLIENT": caps}
-    wanted_engine = {"STREAMLAB_ENGINE_MAX_RUNNING_GENERATIONS": caps,
-                     "STREAMLAB_ENGINE_MAX_QUEUED_GENERATIONS": caps}
-    try:
-        if any(gateway_env.get(k) != v for k, v in wanted_gateway.items()):
-            gateway_env.update(wanted_gateway)
-            lab.stop_service("gateway")
-            lab.start_service("gateway")
-        engine_env.update(wanted_engine)
-        current: list[str | None] = [None]
-
-        def use_clock(clock: str) -> None:
-            if current[0] == clock:
-                return
-            engine_env["STREAMLAB_FAKE_CLOCK"] = clock
-            lab.stop_service("engine")
-            lab.start_service("engine")
-            current[0] = clock
-
-        yield use_clock
-    finally:
-        changed_gateway = gateway_env != saved[1]
-        engine_env.clear()
-        engine_env.update(saved[0])
-        gateway_env.clear()
-        gateway_env.update(saved[1])
-        lab.stop_service("engine")
-        lab.start_service("engine")
-        if changed_gateway:
-            lab.stop_service("gateway")
-            lab.start_service("gateway")
 
 
 # Where the streams enter: the full chain, or past its first hops (the break
@@ -308,6 +240,7 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
                 cadence: bool = True, setup_streams: int = 0, storm_streams: int = 0,
                 cancel_background: int = 0, cancel_streams: int = 200,
                 floor_logs: Path | None = None,
+                storm_cell: Callable[[LabTarget, int], Report] | None = None,
                 on_cell: Callable[[ScaleCell], None] = lambda cell: None,
                 on_step: Callable[[str], None] = lambda step: None) -> Report:
     """`streamlab bench scale`: cell d with `setup_streams` (0: none), the
@@ -316,17 +249,16 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
     `storm_streams` (0: none), cell f with `cancel_background` streams running
     (0: none), each a part; then the targets of the cells that ran, a part.
     Cell d runs the gRPC floor beside it when `floor_logs` names where its
-    processes log."""
-    from streamlab.experiments.bench.targets import Cells, storm_cell, targets_report
-
+    processes log. Cell e is a scenario's measurement, handed in as `storm_cell`
+    (the reconnect-storm scenario's `fixed_storm`: a bench imports no scenario)."""
     if entry not in ENTRIES:
         raise ValueError(f"entry must be one of {', '.join(ENTRIES)}, not {entry!r}")
+    if storm_streams and storm_cell is None:
+        raise ValueError("cell e (storm_streams) needs the storm_cell that measures it")
     require(lab, NEEDS, "bench scale")
     cells = Cells()
     if setup_streams:
         # First, on the lab as it is: the sweep restarts services and raises caps.
-        from streamlab.experiments.bench.setup_cost import run_setup, setup_report
-
         on_step(f"cell d: {setup_streams} set-ups")
         cells = replace(cells, setup=setup_report(run_setup(
             lab, streams=setup_streams, paced=None, floor_logs=floor_logs)))
@@ -335,18 +267,16 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
         cells = replace(cells, cadence=run_scale(lab, sweep, tokens, step_ms, clocks, on_cell,
                                                  entry=entry))
     if slow_streams:
-        from streamlab.experiments.bench.scale_slow import run_slow
-
         on_step(f"cell c: {slow_streams} slow streams, {slow_tokens} tokens each, "
                 f"admission {', '.join(admission)}")
         cells = replace(cells, slow=run_slow(lab, slow_streams, slow_tokens, slow_ramp_s,
                                              admission, admission_rate))
     if storm_streams:
         on_step(f"cell e: a reconnect storm of {storm_streams} streams")
-        cells = replace(cells, storm=storm_cell(lab, storm_streams))
+        assert storm_cell is not None
+        cells = replace(cells, storm=replace(storm_cell(lab, storm_streams),
+                                             experiment="bench scale", variant="storm"))
     if cancel_background:
-        from streamlab.experiments.bench.cancel import WIRES, bench_cancel_wires
-
         on_step(f"cell f: cancel beside {cancel_background} streams, both wires")
         cells = replace(cells, cancel=bench_cancel_wires(
             lab, WIRES, streams=cancel_streams, background=cancel_background))

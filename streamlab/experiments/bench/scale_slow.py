@@ -24,8 +24,8 @@ and "on", set-ups admitted at a bounded rate, the rest waiting their turn
 (services/gateway/admission.py), side by side in one run; the report's own
 figures are the last mode's ("on" when it ran: the lab's protection).
 
-The caps are raised to N for the run and put back after (bench scale's
-lab_settings), the engine on its batched clock. Figures judged, never asserted.
+The caps are raised to N for the run and put back after (lab_settings.py), the
+engine on its batched clock. Figures judged, never asserted.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from dataclasses import dataclass, field, replace
 import psutil
 
 from services.client.openai_stream import chat_body
+from streamlab.experiments.bench.lab_settings import lab_settings
 from streamlab.experiments.bench.load import LoadResult, run_load
-from streamlab.experiments.bench.scale import PROCESSES, ProcessTreeMeter, lab_settings
+from streamlab.experiments.bench.probes import PROCESSES, ProcessTreeMeter
 from streamlab.experiments.report import Check, Figures, Report, Table, judge
 from streamlab.lab.processes import StartError
 from streamlab.lab.target import LabTarget, pids_of

@@ -40,8 +40,7 @@ from urllib.parse import urlsplit
 
 from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
-from streamlab.experiments.bench.probes import CpuReading
-from streamlab.experiments.bench.scale import ProcessTreeMeter
+from streamlab.experiments.bench.probes import CpuReading, ProcessTreeMeter
 from streamlab.experiments.bench.setup_floor import FloorRun, run_floor
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import Capability, LabTarget, pids_of, require

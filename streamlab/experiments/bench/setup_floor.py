@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamlab.errors import StreamlabError
-from streamlab.experiments.bench.scale import ProcessTreeMeter
+from streamlab.experiments.bench.probes import ProcessTreeMeter
 from streamlab.lab import processes
 from streamlab.lab.processes import ServiceSpec
 

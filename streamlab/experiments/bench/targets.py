@@ -16,7 +16,8 @@ target / met, in one table ("targets"), each a Check that can fail.
     storm     N resumable streams (2,000) cut at once at the edge: every cut
               stream's next token within 5 s of the restore, none lost, every
               token exactly once (cell e: the reconnect-storm scenario's
-              measurement, its fixed mode, on its own private lab)
+              measurement, its fixed mode, on its own private lab: the
+              scenario's `fixed_storm`, which the command hands to bench_scale)
     cancel    cancel p99 <= 50 ms with 1,000 streams running, on both engine
               wires (cell f: `bench cancel --wire both --background 1000`)
 
@@ -25,12 +26,10 @@ A cell that did not run has no rows: the table judges what was measured.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
-from streamlab.lab.target import LabTarget
 
 SETUP_MS = {"gateway": 1.0, "engine": 0.3}
 PACED_STREAMS = 100
@@ -174,23 +173,3 @@ def targets_report(cells: Cells, loadavg: tuple[float, float, float] = (0.0, 0.0
                           f"{loadavg[0]:.1f} at the end")
     return Report("bench scale", "targets", story="the lab's own cost against its targets",
                   figures=figures, checks=results, tables=(table,))
-
-
-def storm_cell(lab: LabTarget, streams: int = STORM_STREAMS) -> Report:
-    """Cell e: the reconnect-storm scenario's measurement, its fixed mode (a
-    jittered retry:, resumes admitted first), `streams` resumable streams on its
-    private 2-gateway lab, judged on the scenario's fixed checks."""
-    from streamlab.experiments.scenarios import Measured, Timing, get
-
-    scenario = get("reconnect-storm")
-    fixed = scenario.fixed
-    timing = Timing(storm_streams=streams)
-
-    async def measure() -> Figures | Measured:
-        return await scenario.measure(lab, fixed.setup, timing)
-
-    measured = asyncio.run(measure())
-    figures = dict(measured.figures if isinstance(measured, Measured) else measured)
-    return Report("bench scale", "storm", story=f"{streams} resumable streams cut at once at "
-                  "the edge and restored (reconnect-storm, fixed)", figures=figures,
-                  checks=judge(fixed.expect, figures, timing))

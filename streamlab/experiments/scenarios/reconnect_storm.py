@@ -41,7 +41,8 @@ from typing import TypedDict
 
 from services.client.openai_stream import chat_body
 from services.gateway.settings import GatewaySettings
-from streamlab.experiments.report import JSON, Check
+from streamlab.experiments import report
+from streamlab.experiments.report import JSON, Check, Report
 from streamlab.experiments.scenarios.history import History, judge
 from streamlab.experiments.scenarios.model import Measured, Scenario, Setup, Timeline, Variant
 from streamlab.experiments.scenarios.registry import register
@@ -377,6 +378,20 @@ RECONNECT_STORM = Scenario(
     shown=SHOWN,
 )
 register(RECONNECT_STORM)
+
+
+def fixed_storm(lab: LabTarget, streams: int) -> Report:
+    """The fixed mode's measurement (a jittered retry:, resumes admitted first),
+    `streams` resumable streams on its private 2-gateway lab, judged on the
+    fixed checks: `bench scale`'s cell e (the command hands it in; a bench
+    imports no scenario)."""
+    fixed = RECONNECT_STORM.fixed
+    timing = Timing(storm_streams=streams)
+    measured = asyncio.run(storm(lab, fixed.setup, timing))
+    figures = dict(measured.figures)
+    return Report("reconnect-storm", "fixed", story=f"{streams} resumable streams cut at "
+                  "once at the edge and restored (reconnect-storm, fixed)", figures=figures,
+                  checks=report.judge(fixed.expect, figures, timing))
 
 
 class StormTimeline(TypedDict):

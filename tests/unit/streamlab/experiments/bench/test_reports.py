@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlab.experiments import render
+from streamlab.experiments.bench import plot as plots
 from streamlab.experiments.bench.cancel import AbandonReport
 from streamlab.experiments.bench.load import LoadResult
 from streamlab.experiments.bench.relay import Cell, RelayPath, RelayRun
@@ -206,7 +206,7 @@ def test_transports_rows_show_the_median_and_half_the_range() -> None:
 def test_each_plot_is_drawn_from_the_report_and_listed_among_its_artifacts(
         make: object, tmp_path: Path) -> None:
     assert callable(make)
-    report = render.plot(make(), tmp_path / "bench.png")
+    report = plots.plot(make(), tmp_path / "bench.png")
     assert report.artifacts
     for artifact in report.artifacts:
         assert Path(artifact.path).read_bytes().startswith(b"\x89PNG")
@@ -215,4 +215,4 @@ def test_each_plot_is_drawn_from_the_report_and_listed_among_its_artifacts(
 
 def test_a_report_without_a_plot_says_so() -> None:
     with pytest.raises(ValueError, match="no plot"):
-        render.plot(Report("bench load"), Path("unused.png"))
+        plots.plot(Report("bench load"), Path("unused.png"))

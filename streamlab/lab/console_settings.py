@@ -1,4 +1,8 @@
-"""ConsoleSettings: the one typed settings object of `streamlab console`."""
+"""ConsoleSettings: the one typed settings object of `streamlab console`.
+
+It lives with the lab, not the console: the local lab starts the console with
+them (local.py), and a lab imports nothing of its clients (the import
+contracts in pyproject.toml)."""
 
 from __future__ import annotations
 

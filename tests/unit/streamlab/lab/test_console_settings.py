@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamlab.console.settings import ConsoleSettings
+from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.topology import Ports
 
 
