@@ -115,7 +115,7 @@ def _toxiproxy(lab: LabTarget) -> Iterator[ToxiproxyClient]:
 def _check_hop(hop: str) -> None:
     if not is_hop_name(hop):
         fail(f"unknown hop {hop!r}; one of: {', '.join(HOPS)} (and upstream-N, engine-N, "
-             "store in a lab with replicas)", EXIT_USAGE)
+             "store, store-N in a lab with replicas)", EXIT_USAGE)
 
 
 @app.command("types")
