@@ -118,9 +118,6 @@ test-compose-proxies: install
 		bash scripts/compose_test.sh $(PYTEST_ARGS) || exit 1; \
 	done
 
-# The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
-# passes on the patched source and hangs (fails on its deadline) on the
-# unpatched one, which is what shows the test sees the wedge.
 # Jaeger for `streamlab up --tracing` (docs/tracing.md): built once (~5 min on
 # 2 cores), then copied from the user cache. The tracing tests skip without it.
 jaeger:
@@ -130,6 +127,9 @@ jaeger:
 test-tracing: install jaeger
 	$(BIN)/pytest tests/integration/test_tracing.py tests/unit/test_tracing.py -m "slow or not slow" $(PYTEST_ARGS)
 
+# The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
+# passes on the patched source and hangs (fails on its deadline) on the
+# unpatched one, which is what shows the test sees the wedge.
 toxiproxy-regression:
 	bash scripts/build_toxiproxy.sh --test
 	bash scripts/build_toxiproxy.sh --show-wedge

@@ -65,6 +65,7 @@ import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 needed = ["streamlab/_data/lab.env", "streamlab/_data/proxies/nginx/nginx.conf.template",
           "streamlab/_data/proxies/toxiproxy/patches/interruptible-sends.patch",
+          "streamlab/_data/proxies/jaeger/jaeger.yaml",
           "streamlab/console/static/index.html", "streamlab/console/static/console.js",
           "services/gateway/static/demo.html"]
 missing = [name for name in needed if name not in names]

@@ -381,11 +381,9 @@ class EngineClient:
             return await self._each_session(
                 self._mux.rotation(), lambda session: session.open(request),
                 request.request_id, request.detachable, retry_on=(503,))
-        # The trace context travels as the call's own metadata on this wire.
-        metadata = None
-        if request.traceparent:
-            metadata = (("traceparent", request.traceparent),)
-            request.ClearField("traceparent")
+        # The trace context travels as the call's own metadata on this wire
+        # (the field stays: a retry of this request keeps its trace).
+        metadata = (("traceparent", request.traceparent),) if request.traceparent else None
         call = self._stub.Generate(request, wait_for_ready=False, metadata=metadata)
         return await self._accepted(call, request.request_id, request.detachable)
 

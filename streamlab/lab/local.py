@@ -368,7 +368,9 @@ class Lab(ServedLab):
         import socket
 
         listeners = {name: port for name, port in self.ports.model_dump().items()
-                     if name.endswith("_port")}
+                     if name.endswith("_port")
+                     # Jaeger's only with --tracing: a lab without it leaves them be.
+                     and (self.options.tracing or not name.startswith("jaeger_"))}
         # The replicas' ports (the rule in topology.py), and no two listeners on one port.
         for service in (*self.gateway_names[1:], *self.engine_names[1:]):
             listeners[f"{service} port"] = self.port_of(service)

@@ -180,6 +180,12 @@ class SharedStream(ResumableStream):
         super()._notify(code, message)
         self.mirror.touch()
 
+    def _clear_notice(self) -> None:
+        """Cleared in the meta too, at once: a reader that comes to another
+        replica meanwhile must not be told of trouble that is over."""
+        super()._clear_notice()
+        self.mirror.touch()
+
     def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
         entry = super()._append(kind, payload)
         self.mirror.add(entry)

@@ -317,7 +317,11 @@ class ResumableStream:
             return self._lost(f"no engine answered for it within {window_s:g} s of its call "
                               f"dropping ({exc.code})")
         finally:
-            self.notice = None
+            self._clear_notice()
+
+    def _clear_notice(self) -> None:
+        """The trouble is over (re-attached, or lost: the end follows)."""
+        self.notice = None
 
     def _lost(self, why: str) -> EngineError:
         log.warning("stream %s: generation lost: %s", self.id, why)

@@ -160,11 +160,16 @@ class Reader:
             for item in decoder.feed(payload):
                 if isinstance(item, Comment):
                     continue
-                if item.event in ("gap", "retry"):  # no id of their own (id: is the last in force)
-                    self.history.saw(item.event, None, time.monotonic(), item.data)
-                elif item.id:
-                    self.history.saw(item.event, int(item.id.rsplit(":", 1)[1]),
-                                     time.monotonic(), item.data)
+                # The decoder gives an event the last id in force. A token
+                # always carries its own (a replayed one repeats an id: a
+                # duplicate, counted); `gap` and `retry` never do; a terminal
+                # event has its own only when its id is new (an `error` sent
+                # without one is no repeat of the token before it).
+                own = bool(item.id) and item.event not in ("gap", "retry") and (
+                    item.event == "token" or item.id != self.last_id)
+                seq = int(item.id.rsplit(":", 1)[1]) if own else None
+                if seq is not None or item.event in ("gap", "retry", *TERMINAL_EVENTS):
+                    self.history.saw(item.event, seq, time.monotonic(), item.data)
                 if item.event == "gap":
                     self.gaps += 1
                     continue

@@ -249,6 +249,9 @@ async def store_partition(target: LabTarget, setup: Setup, timing: Timing) -> Fi
             owners = {i: owner_of(lab, m)
                       for i, m in (await asyncio.to_thread(metas, lab, ids)).items()}
             victim = Counter(owners.values()).most_common(1)[0][0]
+            if victim not in lab.gateway_names:
+                raise RuntimeError(f"the streams' owners could not be read from Redis "
+                                   f"(most say {victim!r})")
             owned = [i for i in ids if owners[i] == victim]
             cut_readers = [r for group in readers_on_each_gateway(
                 lab, streams, watchdog_s=cut_s + 15).values() for r in group]

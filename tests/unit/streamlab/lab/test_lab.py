@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from streamlab.lab.local import Lab, LabOptions
-from streamlab.lab.processes import Running, ServiceSpec, pid_alive
+from streamlab.lab.processes import Running, ServiceSpec, StartError, pid_alive
 from streamlab.lab.topology import Ports
 
 
@@ -55,3 +55,18 @@ def test_a_service_another_process_restarted_is_signalled_by_its_new_pid(
         assert lab.pids["engine"] == restarted.pid
         lab.kill_service("engine")
         assert restarted.wait(timeout=5) is not None
+
+
+def test_lab_env_gives_every_listener_of_a_replica_lab_its_own_port(tmp_path: Path) -> None:
+    """lab.env's ports, 3 gateways and 3 engines on Redis (each gateway's
+    store hop too), with and without tracing: no two listeners on one port.
+    (Jaeger's ports once sat on upstream-2's and engine-2's.)"""
+    for tracing in (False, True):
+        lab = Lab(Ports.load(), LabOptions(run_dir=tmp_path, gateways=3, engines=3,
+                                           store="redis", tracing=tracing))
+        refused = ""
+        try:
+            lab.check_ports_free()
+        except StartError as exc:  # a lab up on these ports is fine: not a clash
+            refused = str(exc)
+        assert "used twice" not in refused, refused
