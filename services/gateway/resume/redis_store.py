@@ -138,8 +138,9 @@ TAKEOVER_CONCURRENCY = 64
 SWEEP_TIMEOUT_S = 10.0
 # The engine's refusal of an index older than its buffer names the oldest it holds.
 OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
-# A retried reader's attempt is written within this many store timeouts.
-ATTEMPT_WRITE_BOUND = 5
+# A retried reader's attempt is written within this many store timeouts (a new
+# connection's handshake and the script's round trips, on a slow store).
+ATTEMPT_WRITE_BOUND = 10
 
 
 class SharedStream(ResumableStream):
