@@ -127,6 +127,13 @@ jaeger:
 test-tracing: install jaeger
 	$(BIN)/pytest tests/integration/test_tracing.py tests/unit/test_tracing.py -m "slow or not slow" $(PYTEST_ARGS)
 
+# The compose lab with its `tracing` profile and compose.tracing.yaml (Jaeger
+# in a container; docs/tracing.md): one smoke test. Not in CI (time).
+.PHONY: test-compose-tracing
+test-compose-tracing: install
+	@STREAMLAB_COMPOSE_TRACING=1 STREAMLAB_COMPOSE_TESTS=tests/integration/test_tracing_compose.py \
+		bash scripts/compose_test.sh $(PYTEST_ARGS)
+
 # The lab's Toxiproxy patch (scripts/build_toxiproxy.sh): its Go regression test
 # passes on the patched source and hangs (fails on its deadline) on the
 # unpatched one, which is what shows the test sees the wedge.

@@ -7,6 +7,9 @@
 #   TOXIPROXY_IMAGE=localhost/streamlab-base-toxiproxy:v2.12.0-<patch> (for the `patched` stage of
 #     proxies/toxiproxy/Dockerfile, which compiles it in the Go image: the same patched
 #     build, from scripts/build_toxiproxy.sh)
+#   JAEGER_IMAGE=localhost/streamlab-base-jaeger:v1.75.0                 (for the `built` stage of
+#     proxies/jaeger/Dockerfile, compose's `tracing` profile: only where
+#     scripts/build_jaeger.sh has kept its binary in ~/.cache/streamlab/bin)
 #
 # Each one is built only when podman does not have it yet (delete one with
 # `podman rmi` to rebuild it). Needs root, podman and debootstrap; called by
@@ -23,6 +26,10 @@ NGINX_BASE="localhost/streamlab-base-nginx:$SUITE"
 # never reused.
 TOXIPROXY_PATCH=$(cat proxies/toxiproxy/patches/* | sha256sum | cut -c1-12)
 TOXIPROXY_BASE="localhost/streamlab-base-toxiproxy:$TOXIPROXY_VERSION-$TOXIPROXY_PATCH"
+
+JAEGER_VERSION="${JAEGER_VERSION:-v1.75.0}"
+JAEGER_BASE="localhost/streamlab-base-jaeger:$JAEGER_VERSION"
+JAEGER_CACHED="${XDG_CACHE_HOME:-$HOME/.cache}/streamlab/bin/jaeger-$JAEGER_VERSION"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -95,6 +102,20 @@ ENV LOG_LEVEL=info
 EOF
 }
 
+build_jaeger_base() {
+  # The static binary scripts/build_jaeger.sh keeps, on the Python base (bash
+  # for the health check), as the Dockerfile's `built` stage lays it out.
+  local context
+  context=$(mktemp -d)
+  cp "$JAEGER_CACHED" "$context/jaeger"
+  say "building $JAEGER_BASE (the cached Jaeger on the python base)"
+  podman build -q -t "$JAEGER_BASE" -f - "$context" >/dev/null <<EOF
+FROM $PYTHON_BASE
+COPY jaeger /jaeger
+EOF
+  rm -rf "$context"
+}
+
 podman image exists "$PYTHON_BASE" || build_python_base
 podman image exists "$NGINX_BASE" || build_nginx_base
 podman image exists "$TOXIPROXY_BASE" || build_toxiproxy_base
@@ -102,3 +123,6 @@ podman image exists "$TOXIPROXY_BASE" || build_toxiproxy_base
 echo "PYTHON_IMAGE=$PYTHON_BASE"
 echo "NGINX_IMAGE=$NGINX_BASE"
 echo "TOXIPROXY_IMAGE=$TOXIPROXY_BASE"
+if podman image exists "$JAEGER_BASE" || { [ -x "$JAEGER_CACHED" ] && build_jaeger_base; }; then
+  echo "JAEGER_IMAGE=$JAEGER_BASE"
+fi

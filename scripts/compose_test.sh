@@ -52,6 +52,13 @@ case "$PROXY" in
      rm -rf "$RUN_DIR"; exit 2 ;;
 esac
 export STREAMLAB_COMPOSE_PROXY="$PROXY"
+# With STREAMLAB_COMPOSE_TRACING=1: the `tracing` profile (Jaeger) and its
+# override (compose.tracing.yaml: the gateway's and engine's OTEL_* variables;
+# docs/tracing.md); tests/integration/test_tracing_compose.py reads the spans.
+if [ "${STREAMLAB_COMPOSE_TRACING:-0}" = 1 ]; then
+  COMPOSE_FILES+=(-f compose.tracing.yaml)
+  export COMPOSE_PROFILES=tracing
+fi
 # What pytest runs (default: the whole integration suite).
 read -r -a TESTS <<<"${STREAMLAB_COMPOSE_TESTS:-tests/integration}"
 PODMAN_PID="" HEALTH_PID="" ENGINE="" COMPOSE=() PROJECT_CREATED=""
@@ -181,7 +188,7 @@ fi
 .venv/bin/python - >"$RUN_DIR/ports.env" <<'EOF'
 import socket
 names = ["EDGE", "EDGE_H2", "NGINX", "NGINX_H2", "UPSTREAM", "ENGINE_PROXY", "TOXIPROXY_API",
-         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY"]
+         "TOXIPROXY_BACKEND_API", "REDIS", "STORE_PROXY", "JAEGER_OTLP", "JAEGER_QUERY"]
 replicated = ["GATEWAY", "ENGINE", "ENGINE_METRICS"]
 held = []
 

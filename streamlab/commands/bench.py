@@ -320,6 +320,17 @@ def scale(
                                  ] = 1000,
     cancel_streams: Annotated[int, typer.Option(min=1, help="Cell f: streams abandoned on "
                                                             "each wire.")] = 200,
+    tracing: Annotated[ListOption, typer.Option(
+        help="Cell g: tracing modes side by side, each in turn per round: off, on, or a "
+             "sampling ratio such as 0.1 (a lab up with --tracing; default: none, the "
+             "cell skipped).")] = None,
+    tracing_rounds: Annotated[int, typer.Option(min=1, help="Cell g: rounds of every "
+                                                            "mode.")] = 2,
+    tracing_streams: Annotated[int, typer.Option(min=10, help="Cell g: two-token set-ups "
+                                                              "per mode and round.")] = 500,
+    tracing_baseline: Annotated[str | None, typer.Option(
+        help="Cell g: also a mode `before`: the gateways and engines of this git revision "
+             "of the clone (e.g. the commit before tracing), tracing off.")] = None,
     skip_cadence: Annotated[bool, typer.Option(help="Run only cell c (and d).")] = False,
     setup_streams: Annotated[int, typer.Option(min=0, help="Cell d: two-token streams at "
                                                            "100/s for CPU per stream set-up "
@@ -331,9 +342,11 @@ def scale(
     then (cell c) thousands of slow streams at once: all complete, gateway RSS per stream,
     heartbeat lateness, open files per process, without and with set-up admission. First
     (cell d) the CPU each process spends per stream set-up, as `bench setup` measures it;
-    then (cell e) a reconnect storm and (cell f) cancel latency beside 1,000 streams. Last,
-    every target of the cells that ran, measured / target / met, in one table."""
+    then (cell e) a reconnect storm and (cell f) cancel latency beside 1,000 streams, and
+    (cell g, --tracing off,on,0.1) what tracing costs per set-up and per paced token.
+    Last, every target of the cells that ran, measured / target / met, in one table."""
     from streamlab.experiments.bench.scale import ENTRIES, ScaleCell, bench_scale
+    from streamlab.experiments.bench.tracing_cost import check_mode
     from streamlab.experiments.scenarios.reconnect_storm import fixed_storm
 
     lab = reach(run_dir)
@@ -342,6 +355,11 @@ def scale(
     modes = tuple(_list_option(admission, "off,on"))
     if any(m not in ("off", "on") for m in modes):
         raise typer.BadParameter(f"--admission {','.join(modes)!r}: off, on, or off,on")
+    traced = tuple(split_list(tracing))
+    try:
+        traced = tuple(check_mode(m) for m in traced)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--tracing: {exc}") from None
 
     def on_cell(cell: ScaleCell) -> None:
         icl = cell.load.icl_ms
@@ -357,7 +375,10 @@ def scale(
             slow_ramp_s=slow_ramp_s, admission=modes, admission_rate=admission_rate,
             cadence=not skip_cadence, setup_streams=setup_streams,
             storm_streams=storm_streams, cancel_background=cancel_background,
-            cancel_streams=cancel_streams, floor_logs=run_dir / "logs", storm_cell=fixed_storm,
+            cancel_streams=cancel_streams, floor_logs=run_dir / "logs", tracing=traced,
+            tracing_rounds=tracing_rounds, tracing_streams=tracing_streams,
+            tracing_baseline=tracing_baseline,
+            storm_cell=fixed_storm,
             on_cell=on_cell, on_step=lambda step: err.print(f"{step} ..."))
     # The sweep is meant to cross the cadence target: a failed cell is the figure.
     _render(report, as_json=as_json, plot=plot, verdict=False)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from streamlab.commands.conventions import print_json
+from streamlab import paths
 from streamlab.lab.topology import Ports
 
 app = typer.Typer()
@@ -38,7 +39,7 @@ def console(
     from streamlab.console.app import create_app
     from streamlab.lab.console_settings import ConsoleSettings
 
-    settings = ConsoleSettings.for_ports(Ports.load())
+    settings = ConsoleSettings.for_ports(Ports.load(), paths.run_dir())
     settings = settings.model_copy(update={k: v for k, v in {"host": host, "port": port}.items()
                                            if v is not None})
     url = f"http://{settings.host}:{settings.port}/"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
+from services.common.tracing import trace_id_of
 from streamlab.commands.completion import complete_proxies
 from streamlab.commands.conventions import (
     EXIT_UNREACHABLE,
@@ -30,6 +33,7 @@ from streamlab.lab.processes import StartError
 from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import Ports, console_url
+from streamlab.lab.trace_timeline import client_headers, record_stream
 from streamlab.paths import RUN_DIR_VAR, clone
 from streamlab.paths import run_dir as default_run_dir
 
@@ -303,22 +307,36 @@ def chat(
                        "TTFT, total, request id, finish reason) instead of streaming it.")
     ] = False,
 ) -> None:
-    """Stream a reply through the edge, printing tokens as they arrive."""
+    """Stream a reply through the edge, printing tokens as they arrive.
+
+    On a lab up with --tracing it starts a trace (`traceparent`) and keeps its
+    own timings, so `streamlab trace ID` draws the stream from the client on."""
     lab = attached(run_dir)
     url = f"{lab.edge_url}{location.rstrip('/')}/v1/chat/completions"
     body = chat_body(prompt, max_tokens=max_tokens, prefill_ms=prefill_ms, token_gap_ms=gap_ms,
                      answer_tokens=tokens)
+    traced = isinstance(lab, Lab) and lab.options.tracing
+    headers: dict[str, str] | None = {"X-Request-Id": request_id} if request_id else None
+    if traced:
+        headers = client_headers(request_id or uuid.uuid4().hex)
 
     async def run() -> None:
         timeout = httpx.Timeout(timeout_s, connect=5.0)
+        started_unix, started = time.time(), time.perf_counter()
         async with httpx.AsyncClient(timeout=timeout) as client:
             result = await stream_chat(
-                client, url, body, headers={"X-Request-Id": request_id} if request_id else None,
+                client, url, body, headers=headers,
                 on_token=None if as_json else (
                     lambda t: console.print(t, end="", soft_wrap=True, markup=False,
                                             highlight=False)))
+        if traced and headers is not None:
+            # The client's clock beside the proxy's line and the spans (`streamlab trace`).
+            record_stream(lab.run_dir, headers["X-Request-Id"], headers["traceparent"],
+                          started_unix, result, time.perf_counter() - started)
         if as_json:
-            print_json(chat_json(result))
+            print_json({**chat_json(result), **(
+                {"trace_id": trace_id_of(headers["traceparent"])}
+                if traced and headers is not None else {})})
             if result.error:
                 raise typer.Exit(1)
             return
@@ -329,7 +347,12 @@ def chat(
                       f"(HTTP {result.status})")
         ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "-"
         console.print(f"[dim]TTFT {ttft} · total {result.total_s * 1000:.0f} ms · "
-                      f"{len(result.texts)} tokens · request {result.request_id}[/]")
+                      f"{len(result.texts)} tokens · request {result.request_id}[/]",
+                      soft_wrap=True)  # the id whole on its line, to copy
+        if traced and result.request_id:
+            extra = "" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}"
+            console.print(f"[dim]its timeline: streamlab trace {result.request_id}{extra}[/]",
+                          highlight=False, soft_wrap=True)
         if result.error:
             raise typer.Exit(1)
 

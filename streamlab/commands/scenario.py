@@ -3,6 +3,8 @@
     streamlab scenario list                       # one line per scenario
     streamlab scenario list --json                # the catalogue as data
     streamlab scenario show idle-cut [--json]     # one scenario: modes, setups, checks, needs
+    streamlab scenario show idle-cut --last       # its last run per mode: verdict, the streams
+                                                  # it judged, `streamlab trace ID` for each
     streamlab scenario run idle-cut --both        # exit 0 only if every verdict is as expected
     streamlab scenario run all --json             # every scenario: one report, machine-readable
     streamlab scenario run all --shuffle --repeat 3 [--seed S]
@@ -108,15 +110,24 @@ def show_scenario(
                                         autocompletion=complete_scenarios)],
     as_json: Annotated[bool, typer.Option(
         "--json", help="The scenario as data (bounds at the default timing).")] = False,
+    last: Annotated[bool, typer.Option(
+        "--last", help="Its last run in this lab instead, per mode: the verdict and the "
+                       "streams it judged, each with the `streamlab trace ID` that draws "
+                       "it.")] = False,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
 ) -> None:
     """One scenario: its modes, setups, checks and needs.
 
     What it shows, each mode's story, setup and checks (bounds at the default
-    timing), and what it needs of the lab."""
+    timing), and what it needs of the lab. With --last: its last run from this
+    run dir instead (each mode's verdict and the request ids of its streams)."""
     from streamlab.experiments.scenarios import MODES, Timing, get, names
 
     if name not in names():
         fail(f"no scenario {name!r}; one of: {', '.join(names())}", EXIT_USAGE)
+    if last:
+        show_last(name, run_dir, as_json)
+        return
     scenario, timing = get(name), Timing()
     if as_json:
         print_json(scenario.as_json(timing))
@@ -133,6 +144,55 @@ def show_scenario(
             _indented(f"check: {check.describe(timing)}" + (f" ({check.why})" if check.why else ""))
     console.print("\n[dim]bounds shown at the default timing; `scenario run` scales them "
                   "to the lab's[/]")
+
+
+def last_runs(name: str, run_dir: Path) -> dict[str, Any]:
+    """`scenario show NAME --last --json`: each mode's last run (when, verdict,
+    whether the lab was traced) and its streams, each with its trace command."""
+    from streamlab.experiments.scenarios.runner import last_run
+
+    # The runner keeps them under the lab's artifacts dir (runner.artifacts_dir).
+    kept = last_run(run_dir / "scenarios", name)
+    if kept is None:
+        fail(f"no run of {name} recorded in {run_dir}: `streamlab scenario run {name}` "
+             "keeps its last one", EXIT_UNEXPECTED)
+    modes = {}
+    for mode, run in sorted(kept["modes"].items()):
+        report = run.get("report")
+        modes[mode] = {
+            "ran_unix": run.get("ran_unix"), "status": run.get("status"),
+            "verdict": run.get("verdict"), "as_expected": run.get("as_expected"),
+            "reason": run.get("reason") or "", "traced": bool(run.get("traced")),
+            "streams": [{"request_id": i, "trace": _trace_command(i, run_dir)}
+                        for i in run.get("request_ids") or []],
+            "figures": report.get("figures") if isinstance(report, dict) else {}}
+    return {"scenario": name, "run_dir": str(run_dir), "modes": modes}
+
+
+def _trace_command(request_id: str, run_dir: Path) -> str:
+    extra = "" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}"
+    return f"streamlab trace {request_id}{extra}"
+
+
+def show_last(name: str, run_dir: Path, as_json: bool) -> None:
+    doc = last_runs(name, run_dir)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"[bold]{name}[/]: last run in {run_dir}", highlight=False)
+    for mode, run in doc["modes"].items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["ran_unix"] or 0))
+        verdict = run["verdict"] + (f" ({run['reason']})" if run["reason"] else "")
+        console.print(f"\n[bold]{mode}[/] at {when}: {escape(verdict)}", highlight=False)
+        if not run["streams"]:
+            _indented("no stream named (this measure records none)")
+        for stream in run["streams"]:
+            # One line each, never wrapped: a command to copy.
+            console.print(f"  {stream['trace']}", soft_wrap=True, highlight=False,
+                          markup=False)
+        if run["streams"] and not run["traced"]:
+            _indented("(the lab was up without --tracing: `streamlab trace` needs a lab up "
+                      "with `streamlab up --tracing`, and the run again)")
 
 
 def _indented(line: str) -> None:

@@ -7,6 +7,7 @@ contracts in pyproject.toml)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pydantic_settings import (
     BaseSettings,
@@ -44,6 +45,10 @@ class ConsoleSettings(BaseSettings):
     # header), besides 127.0.0.1, localhost and [::1] on `port` and `host`
     # itself (streamlab/console/guard.py). As an env var, a JSON list.
     allowed_hosts: list[str] = []
+    # The local lab's run dir (its state.json says whether it is up with
+    # --tracing; `/api/trace/{id}` reads its logs and Jaeger, as `streamlab
+    # trace` does). Empty: no local lab to read (the compose lab).
+    run_dir: str = ""
 
     @classmethod
     def settings_customise_sources(
@@ -56,13 +61,14 @@ class ConsoleSettings(BaseSettings):
         return env_settings, init_settings
 
     @classmethod
-    def for_ports(cls, ports: Ports) -> ConsoleSettings:
-        """The lab's addresses from its ports, each overridable by STREAMLAB_CONSOLE_*."""
+    def for_ports(cls, ports: Ports, run_dir: Path | None = None) -> ConsoleSettings:
+        """The lab's addresses from its ports (and its run dir, a local lab's),
+        each overridable by STREAMLAB_CONSOLE_*."""
         lab = ServedLab(ports)
         return cls(host=ports.host, port=ports.console_port, edge_url=edge_url(ports),
                    toxiproxy_url=lab.toxiproxy_url, toxiproxy_routes=lab.toxiproxy_routes(),
                    engine_target=lab.engine_target,
-                   gateway_url=lab.gateway_url)
+                   gateway_url=lab.gateway_url, run_dir=str(run_dir or ""))
 
     def environment(self) -> dict[str, str]:
         """These settings as the environment of a console process (lab.py starts one)."""

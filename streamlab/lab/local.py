@@ -248,7 +248,7 @@ class Lab(ServedLab):
             ),
             CONSOLE: ServiceSpec(
                 CONSOLE, [self.options.python, "-m", "streamlab", "console"],
-                env=ConsoleSettings.for_ports(self.ports).environment(),
+                env=ConsoleSettings.for_ports(self.ports, self.run_dir).environment(),
                 ready=lambda: http_ok(f"{console_url(self.ports)}/healthz"), cwd=REPO_ROOT,
             ),
         })

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.client.openai_stream import StreamResult
 from services.common.tracing import new_traceparent, trace_id_of
 
 CLIENT_LOG = Path("traces") / "clients.jsonl"
@@ -99,6 +100,82 @@ class Timeline:
         gap, where = max(gaps)
         return f"{where}: {gap:.3f} s" if gap > 0.05 else None
 
+    def _gateway_outcome(self) -> str | None:
+        for span in self.spans:
+            outcome = span["attributes"].get("streamlab.outcome")
+            if not span["service"].endswith("engine") and outcome:
+                return str(outcome)
+        return None
+
+    def _engine_state(self) -> str | None:
+        for span in self.spans:
+            state = span["attributes"].get("streamlab.state")
+            if span["service"].endswith("engine") and state:
+                return str(state)
+        return None
+
+    def cut(self) -> dict[str, Any] | None:
+        """Which hop cut a stream that ended without [DONE], and when: None when
+        the client's stream ended whole (or nothing says how it ended).
+
+        The hop whose end came first: the proxy when its response ended before
+        (or as) the gateway saw its client leave (it closed both sides: an idle
+        timeout, a buffer limit); in front of the proxy (the edge hop) when the
+        client's end came before the proxy's; the gateway when it closed the
+        stream itself; the engine when its generation failed. `silence_s`: from
+        the client's last token to the cut, the quiet an idle timeout counts."""
+        client = self.client or {}
+        end = self.first("client", "end")
+        if end is None or client.get("done"):
+            return None
+        proxy_end = self.first("proxy", "end")
+        left = self.first("gateway", "client_left")
+        closed = self.first("gateway", "closed")
+        outcome, state = self._gateway_outcome(), self._engine_state()
+        proxy = (self.proxy or {}).get("proxy")
+        if state not in (None, "completed", "cancelled", "running") and outcome != "client_left":
+            hop, at = "engine", self.first("engine", "end") or closed or end
+        elif outcome not in (None, "client_left", "completed"):
+            hop, at = "gateway", closed or end
+        elif proxy_end is not None and end < proxy_end - 0.05 and (left is None or end < left):
+            hop, at = "edge", end
+        elif proxy_end is not None:
+            hop, at = "proxy", proxy_end
+        else:
+            hop, at = "unknown", end
+        last = self.first("client", "last_token")
+        return {
+            "hop": hop, "proxy": proxy, "at_s": round(at - self.origin, 6),
+            "silence_s": None if last is None else round(at - last, 6),
+            "client_error": client.get("error") or "cut",
+            "proxy_status": (self.proxy or {}).get("status"),
+            "proxy_request_time_s": (self.proxy or {}).get("request_time_s"),
+            "gateway_outcome": outcome,
+            "gateway_client_left_s": None if left is None else round(left - self.origin, 6),
+            "engine_state": state,
+        }
+
+    def describe_cut(self) -> str | None:
+        cut = self.cut()
+        if cut is None:
+            return None
+        who = {"proxy": f"the proxy ({cut['proxy']})", "edge": "the hop in front of the proxy "
+               "(edge)", "gateway": "the gateway", "engine": "the engine"}.get(
+                   cut["hop"], "an unknown hop")
+        line = f"cut by {who} at {cut['at_s'] * 1000:.1f} ms"
+        if cut["silence_s"] is not None:
+            line += f", {cut['silence_s']:.3f} s after the client's last token"
+        if cut["hop"] == "proxy":
+            line += (f"; its response ended with status {cut['proxy_status']} after "
+                     f"{cut['proxy_request_time_s']:.3f} s")
+        if cut["gateway_outcome"] is not None:
+            line += f"; the gateway's stream: {cut['gateway_outcome']}"
+            if cut["gateway_client_left_s"] is not None:
+                line += f" at {cut['gateway_client_left_s'] * 1000:.1f} ms"
+        if cut["engine_state"] is not None:
+            line += f"; the engine's generation: {cut['engine_state']}"
+        return line + f" (the client: {cut['client_error']})"
+
     def as_json(self) -> dict[str, Any]:
         origin = self.origin
         return {
@@ -109,6 +186,7 @@ class Timeline:
                        "detail": m.detail} for m in sorted(self.marks, key=lambda m: m.at)],
             "figures": self.figures(),
             "where_held": self.where_held(),
+            "cut": self.cut(),
             "spans": self.spans,
             "proxy_log": self.proxy,
             "client": self.client,
@@ -130,6 +208,9 @@ class Timeline:
         held = self.where_held()
         if held:
             lines.append(f"the first token waited longest at {held}")
+        cut = self.describe_cut()
+        if cut:
+            lines.append(cut)
         if self.missing:
             lines.append("missing: " + "; ".join(self.missing))
         return lines
@@ -145,7 +226,7 @@ def client_headers(request_id: str) -> dict[str, str]:
 def record_client(run_dir: Path, request_id: str, traceparent: str, started_unix: float,
                   headers_s: float | None, first_byte_s: float | None, ttft_s: float | None,
                   total_s: float, pings: Iterable[float] = (), done: bool = False,
-                  error: str = "") -> None:
+                  error: str = "", last_token_s: float | None = None) -> None:
     """One line of the client's own timings, for `streamlab trace`."""
     path = run_dir / CLIENT_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,8 +235,24 @@ def record_client(run_dir: Path, request_id: str, traceparent: str, started_unix
             "request_id": request_id, "trace_id": trace_id_of(traceparent),
             "started_unix": started_unix, "headers_s": headers_s,
             "first_byte_s": first_byte_s, "ttft_s": ttft_s, "total_s": total_s,
+            "last_token_s": last_token_s,
             "pings_s": list(pings)[:100], "done": done, "error": error,
             "recorded_unix": time.time()}) + "\n")
+
+
+def record_stream(run_dir: Path, request_id: str, traceparent: str, started_unix: float,
+                  result: StreamResult | None, elapsed_s: float) -> None:
+    """record_client for one stream the lab's SSE client read (`stream_chat`:
+    the scenarios' measure, `streamlab chat`); None: it never ended (hung)."""
+    if result is None:
+        record_client(run_dir, request_id, traceparent, started_unix, None, None, None,
+                      elapsed_s, error="hung")
+        return
+    error = str((result.error or {}).get("code") or "")
+    record_client(run_dir, request_id, traceparent, result.started_unix or started_unix,
+                  result.headers_s, result.first_byte_s, result.ttft_s,
+                  result.total_s or elapsed_s, result.ping_times, result.done, error,
+                  result.token_times[-1] if result.token_times else None)
 
 
 def client_record(run_dir: Path, request_id: str) -> dict[str, Any] | None:
@@ -339,7 +436,7 @@ def build(request_id: str, trace: Mapping[str, Any] | None, proxy: Mapping[str, 
         t0 = float(client["started_unix"])
         marks.append(Mark(t0, "client", "request sent"))
         for key, what in (("headers_s", "headers"), ("first_byte_s", "first_byte"),
-                          ("ttft_s", "first_token")):
+                          ("ttft_s", "first_token"), ("last_token_s", "last_token")):
             if client.get(key) is not None:
                 marks.append(Mark(t0 + float(client[key]), "client", what))
         for ping in client.get("pings_s") or []:

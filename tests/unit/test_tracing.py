@@ -97,3 +97,32 @@ def test_the_timeline_says_where_the_first_token_waited() -> None:
     streamed = timeline(0.303, 1.8)
     assert streamed.where_held() is None
     assert any("first_token" in line for line in streamed.render())
+
+
+def test_the_timeline_says_which_hop_cut_a_stream_and_when() -> None:
+    """idle-cut's broken run as the lab records it: the gateway sees its client
+    (nginx) leave as nginx's idle timeout ends the response, 2 s after the last
+    token; a stream that ended whole has no cut."""
+    def timeline(client_end: float, proxy_end: float, done: bool = False) -> Timeline:
+        spans = [{"service": "streamlab-gateway", "attributes": {
+                     "streamlab.outcome": "completed" if done else "client_left"}},
+                 {"service": "streamlab-engine", "attributes": {
+                     "streamlab.state": "completed" if done else "cancelled"}}]
+        return Timeline("r", TRACE, [
+            Mark(0.0, "client", "request sent"), Mark(0.46, "client", "last_token"),
+            Mark(2.3598, "gateway", "client_left"), Mark(proxy_end, "proxy", "end"),
+            Mark(client_end, "client", "end")], spans=spans,
+            proxy={"proxy": "nginx", "status": 200, "request_time_s": 2.36},
+            client={"done": done, "error": "" if done else "transport"})
+
+    cut = timeline(2.3603, 2.3608).cut()
+    assert cut is not None
+    assert (cut["hop"], cut["proxy"], cut["gateway_outcome"]) == ("proxy", "nginx", "client_left")
+    assert abs(cut["silence_s"] - 1.9008) < 1e-6
+    assert any(line.startswith("cut by the proxy (nginx) at 2360.8 ms, 1.901 s after")
+               for line in timeline(2.3603, 2.3608).render())
+    # The client cut in front of the proxy (a toxic on the edge hop): its end first.
+    edge = timeline(1.0, 2.3608).cut()
+    assert edge is not None
+    assert edge["hop"] == "edge"
+    assert timeline(2.3603, 2.3608, done=True).cut() is None

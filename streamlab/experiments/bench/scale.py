@@ -19,6 +19,9 @@ and where each token's CPU goes.
                  reconnect-storm scenario's measurement, on its private lab)
     f) cancel    cancel latency on both engine wires with 1,000 streams running
                  (streamlab/experiments/bench/cancel.py)
+    g) tracing   set-up and paced-token CPU with tracing off, on (exported to the
+                 lab's Jaeger) and sampled, side by side in rounds
+                 (streamlab/experiments/bench/tracing_cost.py)
     targets      every target of the cells that ran, one table, measured /
                  target / met (streamlab/experiments/bench/targets.py)
 
@@ -48,6 +51,7 @@ from streamlab.experiments.bench.probes import PROCESSES, CpuMeter, CpuReading, 
 from streamlab.experiments.bench.scale_slow import run_slow
 from streamlab.experiments.bench.setup_cost import run_setup, setup_report
 from streamlab.experiments.bench.targets import Cells, targets_report
+from streamlab.experiments.bench.tracing_cost import run_tracing_cost, tracing_report
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import Capability, LabTarget, pids_of, require
 
@@ -240,6 +244,8 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
                 cadence: bool = True, setup_streams: int = 0, storm_streams: int = 0,
                 cancel_background: int = 0, cancel_streams: int = 200,
                 floor_logs: Path | None = None,
+                tracing: tuple[str, ...] = (), tracing_rounds: int = 2,
+                tracing_streams: int = 500, tracing_baseline: str | None = None,
                 storm_cell: Callable[[LabTarget, int], Report] | None = None,
                 on_cell: Callable[[ScaleCell], None] = lambda cell: None,
                 on_step: Callable[[str], None] = lambda step: None) -> Report:
@@ -247,7 +253,9 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
     cadence sweep (cells a and b, unless not `cadence`), cell c with
     `slow_streams` (0: none) once per `admission` mode, cell e with
     `storm_streams` (0: none), cell f with `cancel_background` streams running
-    (0: none), each a part; then the targets of the cells that ran, a part.
+    (0: none), cell g with `tracing` modes (empty: none, else `tracing_rounds`
+    rounds of `tracing_streams` set-ups and the paced cell per mode), each a
+    part; then the targets of the cells that ran, a part.
     Cell d runs the gRPC floor beside it when `floor_logs` names where its
     processes log. Cell e is a scenario's measurement, handed in as `storm_cell`
     (the reconnect-storm scenario's `fixed_storm`: a bench imports no scenario)."""
@@ -282,5 +290,10 @@ def bench_scale(lab: LabTarget, *, sweep: tuple[int, ...] = SWEEP, tokens: int =
             lab, WIRES, streams=cancel_streams, background=cancel_background))
     parts = [p for p in (cells.setup, cells.cadence, cells.slow, cells.storm, cells.cancel)
              if p is not None]
+    if tracing:
+        on_step(f"cell g: tracing {', '.join(tracing)}, {tracing_rounds} rounds")
+        parts.append(tracing_report(run_tracing_cost(
+            lab, tracing, rounds=tracing_rounds, streams=tracing_streams,
+            baseline=tracing_baseline, on_step=on_step)))
     parts.append(targets_report(cells, os.getloadavg()))
     return Report("bench scale", parts=tuple(parts))

@@ -34,7 +34,13 @@ from streamlab.experiments.generation_end import state_name
 from streamlab.experiments.load_clients import Flood, FloodTooLong
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.lifecycle import record_when_done
-from streamlab.experiments.scenarios.model import Scenario, ScenarioUnavailable, Setup, Variant
+from streamlab.experiments.scenarios.model import (
+    Scenario,
+    ScenarioUnavailable,
+    Setup,
+    Variant,
+    note_stream,
+)
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import Capability, LabTarget
@@ -81,6 +87,7 @@ async def slow_reader_edge(lab: LabTarget, setup: Setup, timing: Timing) -> Figu
         raise ScenarioUnavailable(str(exc)) from exc
     per_token = await sse_bytes_per_token(lab)
     rid = f"scenario-slow-edge-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("flood", prefill_ms=0, token_gap_ms=flood.gap_ms,
                      answer_tokens=flood.tokens, max_tokens=flood.tokens)
     path = f"{setup.location.rstrip('/')}/v1/chat/completions"

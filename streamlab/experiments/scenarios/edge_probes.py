@@ -54,7 +54,7 @@ from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name, wait_for_end
 from streamlab.experiments.report import JSON, Figures
 from streamlab.experiments.scenarios.measures import websocket_chat
-from streamlab.experiments.scenarios.model import Setup
+from streamlab.experiments.scenarios.model import Setup, note_stream
 from streamlab.experiments.timing import Timing
 from streamlab.lab.local import Lab
 from streamlab.lab.processes import wait_until
@@ -331,6 +331,7 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
     alone take megabytes)."""
     lab = ctx.lab
     rid = f"probe-slow-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=FLOOD_TOKENS,
                      max_tokens=FLOOD_TOKENS, heartbeat_s=0)
     path = f"{path_of(ctx, 'slow-reader', form).rstrip('/')}/v1/chat/completions"
@@ -385,6 +386,7 @@ async def client_leaves(ctx: ProbeContext, form: Form) -> Cell:
     does the gateway cancel the engine's generation."""
     lab = ctx.lab
     rid = f"probe-leave-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("think first", prefill_ms=SILENT_PREFILL_MS, token_gap_ms=GAP_MS,
                      answer_tokens=TOKENS, heartbeat_s=0)
     url = ctx.completions(path_of(ctx, "client-leaves", form))

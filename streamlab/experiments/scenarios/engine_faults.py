@@ -46,6 +46,7 @@ from streamlab.experiments.scenarios.model import (
     Scenario,
     Setup,
     Variant,
+    note_stream,
 )
 from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.scenarios.registry import register
@@ -100,6 +101,7 @@ async def engine_fault(lab: LabTarget, setup: Setup, timing: Timing) -> Measured
         tokens = max(tokens, math.ceil(
             (max(timing.engine_dead_after_s, timing.gateway_dead_after_s) + 5.0) / timing.gap_s))
     rid = f"scenario-fault-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("long answer", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
                      answer_tokens=tokens, max_tokens=tokens,
                      engine_errors=setup.knobs.get("engine_errors", "report"))

@@ -31,6 +31,7 @@ from streamlab.experiments.scenarios.model import (
     Scenario,
     Setup,
     Variant,
+    note_stream,
 )
 from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.scenarios.registry import register
@@ -60,6 +61,7 @@ async def record_when_done(lab: LabTarget, rid: str, timeout_s: float
 async def abandoned_tab(lab: LabTarget, setup: Setup, timing: Timing) -> Measured:
     relay = str(setup.knobs.get("relay", "direct"))
     rid = f"scenario-abandon-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("write an essay", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
                      answer_tokens=timing.tokens, relay=relay)
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
@@ -95,6 +97,7 @@ async def abandoned_prefill(lab: LabTarget, setup: Setup, timing: Timing) -> Fig
     close during the prefill: nothing has been written since the headers, so
     only a proxy that watches the client's socket can tell the gateway."""
     rid = f"scenario-prefill-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("think first", prefill_ms=SILENT_PREFILL_MS, token_gap_ms=timing.gap_ms,
                      answer_tokens=timing.tokens, heartbeat_s=0)
     url = f"{lab.edge_url}{setup.location.rstrip('/')}/v1/chat/completions"
@@ -120,6 +123,7 @@ async def slow_reader(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:
     (through the whole chain, every hop's socket buffers would hold megabytes first)."""
     relay = str(setup.knobs.get("relay", "direct"))
     rid = f"scenario-slow-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     body = chat_body("flood", prefill_ms=0, token_gap_ms=0, answer_tokens=FLOOD_TOKENS,
                      max_tokens=FLOOD_TOKENS, relay=relay)
     sock = await asyncio.to_thread(open_silent_reader, lab.ports.host, lab.ports.gateway_port,
@@ -156,6 +160,7 @@ async def abandoned_job(lab: LabTarget, setup: Setup, timing: Timing) -> Figures
     come, then walk away, as a closed tab does: no request, no connection."""
     ttl_s = setup.knobs.get("job_ttl_s")
     rid = f"scenario-poll-{uuid.uuid4().hex[:8]}"
+    note_stream(rid)  # the run's report names it (`streamlab trace ID`)
     tokens = job_tokens(timing)
     body = chat_body("poll me", prefill_ms=timing.prefill_ms, token_gap_ms=timing.gap_ms,
                      answer_tokens=tokens, max_tokens=tokens, job_ttl_s=ttl_s)

@@ -28,7 +28,7 @@ from streamlab.experiments.scenarios.model import THINK_AFTER_TOKEN, Measured, S
 from streamlab.experiments.scenarios.plot import from_token_times
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import LabTarget
-from streamlab.lab.trace_timeline import client_headers, record_client
+from streamlab.lab.trace_timeline import client_headers, record_stream
 from streamlab_protocol.sse import Event, SSEDecoder
 
 CONNECT_TIMEOUT_S = 5.0
@@ -130,15 +130,7 @@ def _record_traced(lab: LabTarget, request_id: str, traceparent: str, started_un
     run_dir = getattr(lab, "run_dir", None)
     if not getattr(options, "tracing", False) or run_dir is None:
         return
-    if result is None:
-        record_client(Path(run_dir), request_id, traceparent, started_unix, None, None, None,
-                      elapsed, error="hung")
-        return
-    error = str((result.error or {}).get("code") or "")
-    record_client(Path(run_dir), request_id, traceparent,
-                  result.started_unix or started_unix, result.headers_s,
-                  result.first_byte_s, result.ttft_s, result.total_s or elapsed,
-                  result.ping_times, result.done, error)
+    record_stream(Path(run_dir), request_id, traceparent, started_unix, result, elapsed)
 
 
 async def websocket_chat(lab: LabTarget, setup: Setup, timing: Timing) -> Figures:

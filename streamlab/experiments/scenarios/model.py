@@ -16,8 +16,10 @@ the measure is one of measures.py's, else in the family module that holds it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -99,6 +101,32 @@ class Measured:
 
     figures: Figures
     timelines: tuple[Timeline, ...] = ()
+
+
+# The request ids of the streams the running measure opened (the runner sets
+# it around each measure; tasks the measure starts share the list).
+_noted_streams: ContextVar[list[str] | None] = ContextVar("streamlab_noted_streams",
+                                                           default=None)
+
+
+def note_stream(request_id: str) -> None:
+    """A measure names a stream it opened through the lab (its X-Request-Id):
+    the run's report and `scenario show NAME --last` list it, and `streamlab
+    trace ID` opens it on a lab up with --tracing. Outside a run: nothing."""
+    noted = _noted_streams.get()
+    if noted is not None and request_id and request_id not in noted:
+        noted.append(request_id)
+
+
+@contextlib.contextmanager
+def noting_streams() -> Iterator[list[str]]:
+    """The request ids note_stream hears while the block runs, in order."""
+    noted: list[str] = []
+    token = _noted_streams.set(noted)
+    try:
+        yield noted
+    finally:
+        _noted_streams.reset(token)
 
 
 Measure = Callable[["LabTarget", Setup, Timing], Awaitable[Figures | Measured]]

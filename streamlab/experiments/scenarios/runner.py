@@ -3,6 +3,8 @@
     run(lab, scenario, mode, timing) -> Report      one mode, judged
     run_plan(lab, plan, timing) -> Report           a plan's runs, with the policy:
                                                     skipped / error / target unreachable
+    last_run(folder, name) -> LastRun | None        what `scenario show NAME --last` reads:
+                                                    each mode's last report and streams
     needs_of(scenario) -> frozenset[Capability]     what a run of it asks of the target
 
 The runner owns the toxics: it resets Toxiproxy, applies the mode's toxics,
@@ -18,12 +20,13 @@ import asyncio
 import json
 import random
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-from streamlab.experiments.report import Artifact, Figures, Report, judge
+from streamlab.experiments.report import JSON, Artifact, Figures, Report, judge
 from streamlab.experiments.scenarios import registry
 from streamlab.experiments.scenarios.model import (
     MODES,
@@ -31,6 +34,7 @@ from streamlab.experiments.scenarios.model import (
     Mode,
     Scenario,
     ScenarioUnavailable,
+    noting_streams,
 )
 from streamlab.experiments.timing import Timing
 from streamlab.lab.target import (
@@ -118,7 +122,8 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing, *,
     require(lab, needs_of(scenario), f"scenario {scenario.name}")
     variant = scenario.variant(mode)
     other: Mode = MODES[1] if mode == MODES[0] else MODES[0]
-    with lab.toxiproxy() as toxiproxy:
+    folder = out_dir or artifacts_dir(lab)
+    with lab.toxiproxy() as toxiproxy, noting_streams() as noted:
         toxiproxy.reset()
         try:
             for hop, toxic in variant.setup.toxics:
@@ -126,18 +131,100 @@ async def run(lab: LabTarget, scenario: Scenario, mode: Mode, timing: Timing, *,
                 for each in lab.hops_of(hop):
                     toxiproxy.add_toxic(each, toxic)
             measured = await scenario.measure(lab, variant.setup, timing)
+        except ScenarioUnavailable as exc:
+            remember(lab, not_run(scenario.name, mode, "skipped", str(exc)), noted)
+            raise
+        except Exception as exc:  # the plan's policy makes it an error: the streams stay named
+            remember(lab, not_run(scenario.name, mode, "error",
+                                  f"{type(exc).__name__}: {exc}"[:200]), noted)
+            raise
         finally:
             toxiproxy.reset()
     if not isinstance(measured, Measured):
         measured = Measured(measured)
     figures: Figures = dict(measured.figures)
-    return Report(
+    streams = _streams_of(figures, noted)
+    if streams and streams != [figures.get("request_id")]:
+        figures["request_ids"] = ",".join(streams)
+    report = Report(
         experiment=scenario.name, variant=mode, story=variant.story, figures=figures,
         checks=judge(variant.expect, figures, timing),
         other_checks=judge(scenario.variant(other).expect, figures, timing),
-        artifacts=_write_timelines(measured, f"{scenario.name}-{mode}",
-                                   out_dir or artifacts_dir(lab)),
+        artifacts=_write_timelines(measured, f"{scenario.name}-{mode}", folder),
     )
+    remember(lab, report, streams)
+    return report
+
+
+def _streams_of(figures: Figures, noted: Sequence[str]) -> list[str]:
+    """The streams a run judged: the measure's `request_id` figure, then those
+    it noted (note_stream), each once."""
+    first = figures.get("request_id")
+    return list(dict.fromkeys([*([first] if isinstance(first, str) and first else []),
+                               *noted]))
+
+
+LAST = "last"  # <artifacts dir>/last/<scenario>.json: each mode's last run
+
+
+class ModeRun(TypedDict):
+    """One mode's last run, as `scenario show NAME --last` reads it."""
+
+    ran_unix: float
+    status: str  # ran | skipped | error
+    verdict: str
+    as_expected: bool
+    reason: str
+    traced: bool  # the lab was up with --tracing: `streamlab trace ID` can draw them
+    request_ids: list[str]  # the streams it judged (the X-Request-Id each was sent with)
+    report: JSON  # Report.as_json()
+
+
+class LastRun(TypedDict):
+    scenario: str
+    run_dir: str
+    modes: dict[str, ModeRun]
+
+
+def remember(lab: LabTarget, report: Report, streams: Sequence[str]) -> None:
+    """Keep `report` as its scenario's last run of its mode, with the streams it
+    judged (what `scenario show NAME --last` lists, each with the `streamlab
+    trace ID` that opens it), under the lab's artifacts_dir whatever a run's
+    `out_dir`. Only beside a lab's run dir that exists (a FakeLab has none); a
+    file that cannot be written costs the run nothing."""
+    if not Path(lab.run_dir).is_dir():
+        return
+    folder = artifacts_dir(lab)
+    path = folder / LAST / f"{report.experiment}.json"
+    try:
+        previous = last_run(folder, report.experiment)
+        modes = dict(previous["modes"]) if previous is not None else {}
+        options = getattr(lab, "options", None)
+        modes[report.variant] = ModeRun(
+            ran_unix=time.time(), status=report.status,
+            verdict=report.verdict if report.status == "ran" else report.status,
+            as_expected=report.as_expected, reason=report.reason,
+            traced=bool(getattr(options, "tracing", False)),
+            request_ids=list(streams), report=report.as_json())
+        kept = LastRun(scenario=report.experiment, run_dir=str(lab.run_dir), modes=modes)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(kept, indent=1))
+    except (OSError, ValueError):
+        return
+
+
+def last_run(folder: Path, name: str) -> LastRun | None:
+    """The last run of each mode of scenario `name` kept under `folder` (a lab's
+    artifacts_dir), or None when none was (or the file is not one)."""
+    path = folder / LAST / f"{name}.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("modes"), dict):
+        return None
+    kept: LastRun = doc  # type: ignore[assignment]  # written by remember() above
+    return kept
 
 
 def _write_timelines(measured: Measured, stem: str, folder: Path) -> tuple[Artifact, ...]:

@@ -198,8 +198,9 @@ ARGUMENTS = {
     "trace": ["some-request-id"],
 }
 # Commands with a run dir that need no lab there: `up` starts one, `down`
-# with none up has nothing to do (exit 0: `make down` twice is no error).
-NO_LAB_NEEDED = {"up", "down"}
+# with none up has nothing to do (exit 0: `make down` twice is no error);
+# `scenario show --last` reads what a run left there, the lab up or not.
+NO_LAB_NEEDED = {"up", "down", "scenario show"}
 NEED_A_LAB = sorted(path for path, command in COMMANDS.items()
                     if any(p.name == "run_dir" for p in command.params)
                     and path not in NO_LAB_NEEDED)

@@ -31,6 +31,8 @@ PORT_KEYS = {
     "STREAMLAB_ENGINE_PORT": "engine_port",
     "STREAMLAB_ENGINE_METRICS_PORT": "engine_metrics_port",
     "STREAMLAB_CONSOLE_PORT": "console_port",
+    "STREAMLAB_JAEGER_OTLP_PORT": "jaeger_otlp_port",
+    "STREAMLAB_JAEGER_QUERY_PORT": "jaeger_query_port",
 }
 
 

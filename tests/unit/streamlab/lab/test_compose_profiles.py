@@ -20,7 +20,7 @@ from streamlab.lab.topology import REPO_ROOT
 COMPOSE = REPO_ROOT / "compose.yaml"
 DOCKERFILE = REPO_ROOT / "services" / "Dockerfile"
 VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
-PROFILES = ("gpu", "vllm")
+PROFILES = ("gpu", "vllm", "tracing")
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
