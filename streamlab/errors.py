@@ -48,7 +48,9 @@
       ├── the web console's control API (streamlab/console/control.py)
       │   ├── UnknownName           a hop, scenario or mode the lab lacks: 404 (also
       │   │                         a LookupError)
-      │   └── EngineUnreachable     GetStats failed: 503 (also a RuntimeError)
+      │   ├── EngineUnreachable     GetStats failed: 503 (also a RuntimeError)
+      │   └── TraceUnavailable      no traced local lab to draw a stream's waterfall
+      │                             from: 409 (also a RuntimeError; console/trace.py)
       └── the commands (streamlab/commands/conventions.py)
           └── CommandFailed         a command gives up: its message on stderr (and in
                                     its --json document), its exit status (also

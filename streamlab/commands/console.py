@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from streamlab.commands.conventions import print_json
 from streamlab import paths
+from streamlab.commands.conventions import print_json
 from streamlab.lab.topology import Ports
 
 app = typer.Typer()

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from streamlab.console import control
+from streamlab.console import control, trace
 from streamlab.console.guard import ConsoleGuard, console_hosts
 from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.toxiproxy import Toxiproxy
@@ -42,7 +42,9 @@ def create_app(settings: ConsoleSettings, toxiproxy: Toxiproxy | None = None) ->
     app.add_middleware(ConsoleGuard, token=state.token, hosts=console_hosts(
         settings.host, settings.port, settings.allowed_hosts))
     app.include_router(control.router)
+    app.include_router(trace.router)  # /api/trace: a stream's waterfall (--tracing)
     control.install_error_handlers(app)
+    trace.install_error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # The page with this console's token in it: only a page read from here

@@ -16,6 +16,7 @@ data as rows of bars on one time axis, what the page draws.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +29,7 @@ from streamlab.console.control import State, UnknownName
 from streamlab.errors import StreamlabError
 from streamlab.lab.console_settings import ConsoleSettings
 from streamlab.lab.local import Lab
-from streamlab.lab.trace_timeline import Timeline, collect
+from streamlab.lab.trace_timeline import Timeline, build, collect
 
 # The ids the gateway accepts (X-Request-Id) and the page makes: no path tricks.
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -68,10 +69,15 @@ def tracing(state: State) -> dict[str, Any]:
 
 @router.get("/trace/{request_id}")
 def trace(request_id: str, state: State,
-          wait_s: Annotated[float, Query(ge=0.0, le=10.0)] = 3.0) -> Any:
-    """The stream's timeline (`streamlab trace ID --json`) and its waterfall."""
+          wait_s: Annotated[float, Query(ge=0.0, le=10.0)] = 3.0,
+          client: Annotated[str, Query(max_length=8192)] = "") -> Any:
+    """The stream's timeline (`streamlab trace ID --json`) and its waterfall.
+    `client`: the page's own timings of the stream (JSON, record_client's
+    fields, on the wall clock), used when the lab's client made no record of it
+    (the page's streams): the client's row, and what the cut is judged by."""
     if not REQUEST_ID.fullmatch(request_id):
         raise UnknownName(f"no stream {request_id!r}: not a request id")
+    page_client = page_record(client)
     lab = traced_lab(state.settings)
     try:
         timeline = collect(lab, request_id, wait_s=wait_s)
@@ -80,7 +86,41 @@ def trace(request_id: str, state: State,
     if not timeline.marks:
         raise UnknownName(f"no stream {request_id!r} in the lab's logs or Jaeger "
                           f"({'; '.join(timeline.missing)})")
+    if timeline.client is None and page_client is not None:
+        with_client(timeline, page_client)
     return as_json(timeline)
+
+
+PAGE_FIELDS = ("started_unix", "headers_s", "first_byte_s", "ttft_s", "last_token_s",
+               "total_s")
+
+
+def page_record(text: str) -> dict[str, Any] | None:
+    """The page's timings as record_client's fields; None when absent or not
+    a record (a bad one is ignored: the timeline stands without it)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        record: dict[str, Any] = {k: None if doc.get(k) is None else float(doc[k])
+                                  for k in PAGE_FIELDS}
+        pings = [float(t) for t in doc.get("pings_s") or []][:100]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if record["started_unix"] is None or record["total_s"] is None or not all(
+            math.isfinite(v) for v in (*record.values(), *pings) if v is not None):
+        return None
+    return {**record, "pings_s": pings, "done": bool(doc.get("done")),
+            "error": str(doc.get("error") or "")[:64], "source": "page"}
+
+
+def with_client(timeline: Timeline, client: dict[str, Any]) -> None:
+    """The page's record into a timeline collected without one: its marks
+    (as `build` makes them from a recorded client), so `cut()` can judge."""
+    page = build(timeline.request_id, None, None, client)
+    timeline.client = page.client
+    timeline.marks.extend(page.marks)
+    timeline.missing = [m for m in timeline.missing if not m.startswith("client timings")]
 
 
 def as_json(timeline: Timeline) -> dict[str, Any]:
@@ -132,8 +172,10 @@ def waterfall(doc: dict[str, Any]) -> dict[str, Any]:
         return min(found) if found else None
 
     rows = []
-    if doc.get("client"):
-        row = _row("client", "client", client_mark("request sent"), client_mark("end"))
+    client = doc.get("client") or {}
+    if client:
+        label = "page" if client.get("source") == "page" else "client"
+        row = _row("client", label, client_mark("request sent"), client_mark("end"))
         for what in ("headers", "first_byte", "first_token", "last_token"):
             row["marks"] += _mark(what, client_mark(what))
         row["marks"] += [{"what": "heartbeat", "t_s": m["t_s"]} for m in marks
@@ -154,7 +196,7 @@ def waterfall(doc: dict[str, Any]) -> dict[str, Any]:
         rows.append(row)
     for span in doc.get("spans") or []:
         engine = str(span.get("service", "")).endswith("engine")
-        events = {}
+        events: dict[str, float | None] = {}
         row = _row("engine" if engine else "gateway",
                    span["name"] + (f" [{span['instance']}]" if span.get("instance") else ""),
                    rel(span["start_unix"]), rel(span["end_unix"]))
@@ -174,6 +216,9 @@ def waterfall(doc: dict[str, Any]) -> dict[str, Any]:
                                         events.get("first_token"))
         rows.append(row)
     cut = doc.get("cut")
+    if cut and client.get("error") == "stopped" and client_mark("end") is not None:
+        # the page's Stop: the client cut it
+        cut = {"hop": "client (Stop)", "at_s": client_mark("end")}
     ends = [t for row in rows for t in (row["start_s"], row["end_s"]) if t is not None]
     return {"rows": rows, "start_s": min(ends, default=0.0),
             "end_s": max(ends, default=0.0),

@@ -24,6 +24,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +58,26 @@ LANE_FIELDS = ("id", "transport", "status", "ttftMs", "tokens", "indexes", "text
                "streamId", "jobId", "ttlS")
 
 
-@pytest.fixture
-async def page(lab: LabTarget) -> AsyncIterator[Page]:
+@asynccontextmanager
+async def console_page(url: str) -> AsyncIterator[Page]:
+    """Headless chromium on the console at `url`, its page ready (the test
+    skips without chromium)."""
     chromium = find_chromium()
     if chromium is None:
         pytest.skip("chromium is not installed (scripts/install.sh installs it as root)")
-    if selected_lab_has_no_console(lab):
-        pytest.skip("this lab was started without its console")
     async with chromium_page(chromium) as page:
         await page.call("Emulation.setDeviceMetricsOverride", VIEWPORT)
-        await page.navigate(f"{console_url(lab.ports)}/")
+        await page.navigate(f"{url}/")
         await wait_for(page, "consoleState && consoleState.ready === true", 20, "the page ready")
         yield page
+
+
+@pytest.fixture
+async def page(lab: LabTarget) -> AsyncIterator[Page]:
+    if selected_lab_has_no_console(lab):
+        pytest.skip("this lab was started without its console")
+    async with console_page(console_url(lab.ports)) as ready:
+        yield ready
 
 
 def selected_lab_has_no_console(lab: LabTarget) -> bool:

@@ -7,7 +7,7 @@
 
 const state = window.consoleState = {
   lab: null, lanes: [], hops: {}, engine: null, gateway: null, tokensPerS: null,
-  presets: [], preset: null, faults: [], errors: [],
+  presets: [], preset: null, faults: [], errors: [], tracing: null,
 };
 const $ = (selector, root = document) => root.querySelector(selector);
 const el = (tag, attrs = {}, ...children) => {
@@ -90,11 +90,13 @@ let nextLane = 1;
 function newLane(transport, options, fault) {
   const lane = {
     id: nextLane++, transport, options, fault, status: "starting", t0: now(),
+    t0Unix: (performance.timeOrigin + now()) / 1000,  // the waterfall's clock: wall time
     requestId: `console-${Math.random().toString(16).slice(2, 14)}`,
     streamId: null, jobId: null, ttlS: null,
     ttftMs: null, tokens: 0, indexes: [], text: "", bytes: 0, requests: 0, heartbeats: 0,
     opens: 0, connectionErrors: 0, lastEventId: null, reconnects: [], ends: 0,
     events: [], log: [], stopped: false, stopAtMs: null, ended: false, engine: null,
+    trace: null, waterfall: null, traceError: null, traceAsked: false,
   };
   state.lanes.push(lane);
   renderLane(lane);
@@ -129,6 +131,7 @@ function end(lane, status, label) {
   mark(lane, status === "done" ? "end" : "error", label || status);
   if (!lane.stopped) setStatus(lane, status);
   watchEngine(lane, lane.stopped ? 60_000 : 5_000);
+  loadTrace(lane);
 }
 
 function url(lane, path) { return `${state.lab.edge_url}${lane.options.prefix}${path}`; }
@@ -421,6 +424,7 @@ async function stop(lane) {
   mark(lane, "stop", "Stop pressed");
   await drivers[lane.transport].stop(lane);
   setStatus(lane, "stopped");
+  loadTrace(lane);
   watchEngine(lane, lane.ttlS !== null ? (lane.ttlS || 60) * 1000 + 15_000 : 30_000);
 }
 
@@ -578,6 +582,7 @@ function renderLane(lane) {
         el("button", {"data-action": "stop", "data-lane": String(lane.id)}, "Stop")),
       el("canvas", {height: "44"}),
       el("div", {class: "engine"}),
+      el("div", {class: "waterfall"}),
       el("div", {class: "text"}),
       el("div", {class: "log"}));
     $("#lanes").append(node);
@@ -648,6 +653,141 @@ function drawTimeline(canvas, lane) {
       g.beginPath(); g.moveTo(px, 2); g.lineTo(px - 5, 10); g.lineTo(px + 5, 10); g.fill();
     } else g.fillRect(px, 2, 2.5, 36);
   }
+}
+
+// ---- the waterfall: the stream's timeline at every hop (a lab up with --tracing) ------------
+// The console's server collects it as `streamlab trace ID` does (/api/trace/{id}:
+// the proxy's log line, the gateway's and the engine's spans in Jaeger) and
+// lays it out as rows; the client's row is this page's own clock (pageRecord),
+// the lab's client made no record of its streams. One axis, wall-clock seconds.
+const HOP_COLORS = {client: "#2f6fb0", proxy: "#6b7580", gateway: "#2e8b57", engine: "#7b3fb5"};
+const SEGMENT_COLORS = {connect: "#9cc3e8", queue: "#e0b3ff", prefill: "#b07ad9",
+                        "to the engine's first token": "#8fcfa8",
+                        "to the gateway's headers": "#b8c0c8"};
+const MARK_COLORS = {first_token: "#1d232a", first_byte: "#1d232a", heartbeat: "#e07b00",
+                     ping: "#e07b00", cancel: "#c2185b", client_left: "#c2185b",
+                     error: "#c0392b"};
+
+async function loadTrace(lane) {
+  if (!state.tracing || !state.tracing.tracing || lane.traceAsked) return;
+  lane.traceAsked = true;
+  await sleep(500);  // the services export their spans in batches (200 ms)
+  for (let attempt = 0; attempt < 3 && state.lanes.includes(lane); attempt++) {
+    try {
+      const client = encodeURIComponent(JSON.stringify(pageRecord(lane)));
+      lane.trace = await api(
+        "GET", `/api/trace/${encodeURIComponent(lane.requestId)}?wait_s=3&client=${client}`);
+      lane.waterfall = lane.trace.waterfall;
+      lane.traceError = null;
+      if (lane.trace.missing.length === 0 || attempt === 2) break;
+    } catch (error) {
+      lane.traceError = String(error);
+    }
+    await sleep(1000);
+  }
+  renderWaterfall(lane);
+}
+
+// The page's own timings of the stream, on the wall clock (record_client's
+// fields): the server uses them when the lab's client made no record of it.
+function pageRecord(lane) {
+  const sec = (e) => (e ? Math.round(e.t) / 1000 : null);
+  const tokens = lane.events.filter((e) => e.kind === "token");
+  const end = lane.events.find((e) => ["end", "error", "stop"].includes(e.kind));
+  return {
+    started_unix: lane.t0Unix, headers_s: sec(lane.events.find((e) => e.kind === "open")),
+    first_byte_s: sec(tokens[0]), ttft_s: sec(tokens[0]), last_token_s: sec(tokens.at(-1)),
+    total_s: sec(end) ?? (now() - lane.t0) / 1000,
+    pings_s: lane.events.filter((e) => e.kind === "ping").map(sec),
+    done: lane.status === "done" && !lane.stopped,
+    error: lane.stopped ? "stopped" : lane.status === "done" ? "" : lane.status,
+  };
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs = {}, text = null) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  if (text !== null) {
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = text;
+    node.append(title);
+  }
+  return node;
+}
+
+function renderWaterfall(lane) {
+  const box = $(`#lane-${lane.id} .waterfall`);
+  if (!box) return;
+  box.replaceChildren();
+  if (lane.traceError) { box.append(el("span", {class: "muted"}, `timeline: ${lane.traceError}`)); return; }
+  const w = lane.waterfall;
+  if (!w) return;
+  const width = box.clientWidth || 700, labelW = 170, rowH = 15, top = 4;
+  const height = top + w.rows.length * rowH + 16;
+  const t0 = w.start_s, spanS = Math.max(w.end_s - t0, 0.001) * 1.03;  // room for the cut
+  const x = (t) => labelW + ((t - t0) / spanS) * (width - labelW - 8);
+  const root = svg("svg", {width, height, viewBox: `0 0 ${width} ${height}`, class: "waterfall-svg"});
+  w.rows.forEach((row, i) => {
+    const y = top + i * rowH;
+    const label = svg("text", {x: 2, y: y + 10, class: "wf-label"});
+    label.textContent = row.label;
+    root.append(label);
+    if (row.start_s === null) return;
+    const end = row.end_s === null ? w.end_s : row.end_s;
+    const ms = (t) => `${((t - t0) * 1000).toFixed(1)} ms`;
+    root.append(svg("rect", {x: x(row.start_s), y: y + 3, width: Math.max(1, x(end) - x(row.start_s)),
+                             height: rowH - 6, fill: HOP_COLORS[row.hop] || "#555", opacity: 0.35,
+                             class: "bar", "data-hop": row.hop},
+                    `${row.label}: ${ms(row.start_s)} → ${ms(end)}`));
+    for (const seg of row.segments) {
+      root.append(svg("rect", {x: x(seg.start_s), y: y + 3, width: Math.max(1, x(seg.end_s) - x(seg.start_s)),
+                               height: rowH - 6, fill: SEGMENT_COLORS[seg.what] || "#999",
+                               class: "segment", "data-what": seg.what},
+                      `${seg.what}: ${((seg.end_s - seg.start_s) * 1000).toFixed(1)} ms`));
+    }
+    for (const m of row.marks) {
+      const small = m.what === "heartbeat";
+      root.append(svg("rect", {x: x(m.t_s) - 1, y: y + (small ? 4 : 1), width: small ? 2 : 2.5,
+                               height: small ? rowH - 8 : rowH - 2,
+                               fill: MARK_COLORS[m.what] || HOP_COLORS[row.hop] || "#000",
+                               class: "mark", "data-what": m.what}, `${m.what} at ${ms(m.t_s)}`));
+    }
+  });
+  if (w.cut) {
+    const cx = x(w.cut.t_s), bottom = top + w.rows.length * rowH;
+    root.append(svg("line", {x1: cx, x2: cx, y1: 0, y2: bottom, stroke: "#c0392b",
+                             "stroke-width": 2, "stroke-dasharray": "3 2", class: "cut"},
+                    `cut by ${w.cut.hop} at ${((w.cut.t_s - t0) * 1000).toFixed(1)} ms`));
+    const label = svg("text", {x: cx - 4, y: 10, "text-anchor": "end", class: "wf-cut"});
+    label.textContent = `cut: ${w.cut.hop}`;
+    root.append(label);
+  }
+  const axisY = top + w.rows.length * rowH + 12;
+  const step = spanS > 8 ? 2 : spanS > 2 ? 0.5 : spanS > 0.5 ? 0.1 : 0.05;
+  for (let t = 0; t <= spanS + 1e-9; t += step) {
+    root.append(svg("rect", {x: x(t0 + t), y: axisY - 10, width: 1, height: 3, fill: "#8d99a6"}));
+    const tick = svg("text", {x: x(t0 + t) + 2, y: axisY, class: "wf-axis"});
+    tick.textContent = `${Math.round(t * 1000)} ms`;
+    root.append(tick);
+  }
+  box.append(root);
+  const note = [lane.trace.where_held ? `first token waited longest at ${lane.trace.where_held}` : "",
+                w.cut ? cutNote(w.cut, lane.trace.cut) : "",
+                lane.trace.missing.length ? `missing: ${lane.trace.missing.join("; ")}` : ""]
+    .filter(Boolean).join(" · ");
+  if (note) box.append(el("div", {class: "muted wf-note"}, note));
+}
+
+function cutNote(cut, judged) {
+  let note = `cut by ${cut.hop}`;
+  if (judged && judged.hop === cut.hop) {
+    if (judged.proxy && judged.hop === "proxy") note += ` (${judged.proxy})`;
+    if (judged.silence_s !== null) note += `, ${judged.silence_s.toFixed(3)} s after the last token`;
+    if (judged.gateway_outcome) note += `; gateway: ${judged.gateway_outcome}`;
+    if (judged.engine_state) note += `; engine: ${judged.engine_state}`;
+  }
+  return note;
 }
 
 let shownHops = null;
@@ -762,6 +902,8 @@ document.addEventListener("click", (event) => {
 async function main() {
   state.lab = await api("GET", "/api/lab");
   $("#edge").textContent = `streams through the edge: ${state.lab.edge_url}`;
+  state.tracing = await api("GET", "/api/trace").catch(() => ({tracing: false}));
+  $("#waterfall-legend").hidden = !state.tracing.tracing;
   state.presets = await api("GET", "/api/presets");
   renderPresets();
   await refreshHops();
