@@ -52,7 +52,9 @@ def _jaeger_or_skip() -> None:
         pytest.skip("no Jaeger binary: scripts/build_jaeger.sh (`make jaeger`) builds it")
 
 
-@pytest.fixture(scope="module", params=WIRES)
+# The per-request wire's lab is `make test-tracing`'s (slow): CI runs the
+# multiplexed one, the default wire (a lab each, ~14 s to start).
+@pytest.fixture(scope="module", params=[WIRES[0], pytest.param(WIRES[1], marks=pytest.mark.slow)])
 def traced_lab(request: pytest.FixtureRequest,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     _jaeger_or_skip()
