@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -167,6 +167,11 @@ def check_command(
         fail("usage", str(exc), EXIT_USAGE)
         return
 
+    def interrupted() -> NoReturn:
+        errors.print("interrupted: every check stopped, the check's hop with them",
+                     style="red")
+        sys.exit(130)
+
     def progress(text: str) -> None:
         errors.print(text, markup=False, highlight=False, style="dim")
 
@@ -181,9 +186,13 @@ def check_command(
         fail("usage", f"{exc}: give --model", EXIT_USAGE)
         return
     except KeyboardInterrupt:
-        errors.print("interrupted: every check stopped, the check's hop with them",
-                     style="red")
-        sys.exit(130)
+        interrupted()
+    except BaseExceptionGroup as group:
+        # The signal's KeyboardInterrupt raised inside a task group (anyio's
+        # connect_tcp, mid-connect) comes out wrapped: still an interrupt.
+        if group.subgroup(lambda exc: isinstance(exc, KeyboardInterrupt)) is None:
+            raise
+        interrupted()
     if junit is not None:
         junit.write_text(junit_xml(report))
     if as_json:

@@ -140,8 +140,9 @@ def test_sigterm_stops_the_check_and_every_process_it_started() -> None:
         started = children_of(check.pid)
         assert started, "the check started no hop of its own"
         check.send_signal(signal.SIGTERM)
-        assert check.wait(timeout=30) == 130
-        assert "interrupted: every check stopped" in check.stderr.read()
+        code, said = check.wait(timeout=30), check.stderr.read()
+        assert code == 130, said
+        assert "interrupted: every check stopped" in said
     for pid in started:
         assert not Path(f"/proc/{pid}").exists() or \
             (Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"), \
