@@ -41,18 +41,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import httpx
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.client.openai_stream import chat_body
-from services.gateway.resume.redis_keys import stream_keys
-from services.gateway.resume.redis_store import KEY_PREFIX
 from streamlab.experiments.report import Check, Figures
 from streamlab.experiments.scenarios.history import judge
 from streamlab.experiments.scenarios.model import Scenario, Setup, Variant
 from streamlab.experiments.scenarios.registry import register
 from streamlab.experiments.scenarios.replica_lab import private_lab, say
 from streamlab.experiments.scenarios.resuming_readers import Reader, readers_done
+
+# The streams' metadata straight from Redis and their owner: the storm family's.
+from streamlab.experiments.scenarios.transient_trouble import metas, owner_name
 from streamlab.experiments.timing import Timing
 from streamlab.lab.endpoints import REDIS
 from streamlab.lab.local import Lab
@@ -93,33 +93,17 @@ def readers_on_each_gateway(lab: Lab, streams: Sequence[tuple[str, str]], watchd
             for gateway in lab.gateway_names}
 
 
-def metas(lab: Lab, ids: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Each stream's metadata, straight from Redis (not through a store hop)."""
-    with redis.Redis.from_url(lab.redis_url, decode_responses=True,
-                              socket_timeout=10.0) as direct:
-        pipe = direct.pipeline(transaction=False)
-        for stream_id in ids:
-            pipe.hgetall(stream_keys(KEY_PREFIX, stream_id).meta)
-        return dict(zip(ids, pipe.execute(), strict=True))
-
-
 async def left_running(lab: Lab, ids: Sequence[str]) -> list[str]:
     """The streams Redis still says are `running` once their owners' writers
     had LOG_ENDS_WITHIN_S to say otherwise (every generation has ended by
     now: the readers are done)."""
     deadline = time.monotonic() + LOG_ENDS_WITHIN_S
     while True:
-        meta = await asyncio.to_thread(metas, lab, ids)
+        meta = await asyncio.to_thread(metas, lab, list(ids))
         running = [i for i, m in meta.items() if m.get("state") == "running"]
         if not running or time.monotonic() >= deadline:
             return running
         await asyncio.sleep(0.5)
-
-
-def owner_of(lab: Lab, meta: dict[str, str]) -> str:
-    by_port = {lab.port_of(name): name for name in lab.gateway_names}
-    port = meta.get("replica", "?").rsplit(":", 1)[-1]
-    return by_port.get(int(port), "?") if port.isdigit() else "?"
 
 
 def unretrieved(lab: Lab) -> int:
@@ -251,7 +235,7 @@ async def store_partition(target: LabTarget, setup: Setup, timing: Timing) -> Fi
                              token_gap_ms=PARTITION_GAP_MS, answer_tokens=tokens)
             streams = await open_streams(lab, body, PARTITION_STREAMS)
             ids = [i for i, _ in streams]
-            owners = {i: owner_of(lab, m)
+            owners = {i: owner_name(lab, m)
                       for i, m in (await asyncio.to_thread(metas, lab, ids)).items()}
             victim = Counter(owners.values()).most_common(1)[0][0]
             if victim not in lab.gateway_names:
@@ -273,7 +257,7 @@ async def store_partition(target: LabTarget, setup: Setup, timing: Timing) -> Fi
                 toxiproxy.reset()
             await readers_done(reading, tokens * PARTITION_GAP_MS / 1000 + 30)
             meta = await asyncio.to_thread(metas, lab, owned)
-            taken = sum(owner_of(lab, m) not in (victim, "?") for m in meta.values())
+            taken = sum(owner_name(lab, m) not in (victim, "?") for m in meta.values())
             figures[f"taken_over_{cut_s:g}s"] = taken
             owned_by_cut += len(owned)
             taken_over += taken
