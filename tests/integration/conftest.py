@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.processes import ServiceSpec, free_ports
+from streamlab.lab.spare_ports import free_lab_ports as free_lab_ports_for
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import REPO_ROOT, Ports
 from streamlab.lab.toxiproxy import Toxic, Toxiproxy
@@ -240,3 +242,21 @@ def add_toxic(toxiproxy: Toxiproxy) -> AddToxic:
 from tests.integration.hf_fixtures import hf_lab, tiny_model_dir  # noqa: E402, F401
 from tests.integration.redis_fixtures import redis_server, start_replicas, store_hop  # noqa: E402, F401
 from tests.integration.upstream_fixtures import openai_lab, upstream_pair  # noqa: E402, F401
+
+
+@contextmanager
+def replica_test_lab(run_dir: Path, gateway_env: dict[str, str], **replicas: Any
+                     ) -> Iterator[Lab]:
+    """A private lab of local processes with the suite's service settings
+    (plus `gateway_env`) and `replicas` (gateways, engines, store), on free
+    ports, up for the block: for a module that needs replicas of its own."""
+    options = LabOptions(
+        run_dir=run_dir, engine_env=dict(TEST_ENGINE_ENV),
+        gateway_env={**TEST_GATEWAY_ENV, **gateway_env},
+        nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S), console=False, **replicas)
+    private = Lab(free_lab_ports_for(options), options)
+    private.up()
+    try:
+        yield private
+    finally:
+        private.down()

@@ -42,10 +42,8 @@ from streamlab.experiments.bench.engine_death import (
     on_engine,
     run_round,
 )
-from streamlab.experiments.scenarios.replica_lab import free_ports
-from streamlab.lab.local import Lab, LabOptions, find_redis
-from streamlab.lab.nginx import NginxOptions
-from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, TEST_SEND_TIMEOUT_S
+from streamlab.lab.local import Lab, find_redis
+from tests.integration.conftest import replica_test_lab
 from tests.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -66,18 +64,9 @@ def death_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         find_redis()  # the Redis store's generations are the detachable ones
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    options = LabOptions(
-        run_dir=tmp_path_factory.mktemp("engine-death"),
-        engine_env=dict(TEST_ENGINE_ENV),
-        gateway_env={**TEST_GATEWAY_ENV, WINDOW_ENV: str(WINDOW_S)},
-        nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
-        console=False, gateways=2, engines=2, store="redis")
-    private = Lab(free_ports(options), options)
-    private.up()
-    try:
+    with replica_test_lab(tmp_path_factory.mktemp("engine-death"), {WINDOW_ENV: str(WINDOW_S)},
+                          gateways=2, engines=2, store="redis") as private:
         yield private
-    finally:
-        private.down()
 
 
 @pytest.fixture

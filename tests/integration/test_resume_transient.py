@@ -32,12 +32,10 @@ import pytest
 
 from services.client.resume_stream import ResumeResult, create_stream, follow_stream
 from services.engine.backends.fake import token_text
-from streamlab.experiments.scenarios.replica_lab import free_ports
-from streamlab.lab.local import Lab, LabOptions
-from streamlab.lab.nginx import NginxOptions
+from streamlab.lab.local import Lab
 from streamlab.lab.toxiproxy import Toxic
 from streamlab_protocol.sse import Event, SSEDecoder
-from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, TEST_SEND_TIMEOUT_S
+from tests.integration.conftest import replica_test_lab
 from tests.wait import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.local_only(
@@ -65,19 +63,12 @@ TRANSIENT = os.environ.get("STREAMLAB_GATEWAY_RESUME_TRANSIENT", "retry")
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    options = LabOptions(
-        run_dir=tmp_path_factory.mktemp("resume-transient"),
-        engine_env=dict(TEST_ENGINE_ENV),
-        gateway_env={**TEST_GATEWAY_ENV, "STREAMLAB_GATEWAY_RESUME_TRANSIENT": TRANSIENT,
-                     "STREAMLAB_GATEWAY_RESUME_ATTACH_TIMEOUT_S": str(ATTACH_TIMEOUT_S)},
-        nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
-        console=False, gateways=2, engines=2)
-    private = Lab(free_ports(options), options)
-    private.up()
-    try:
+    with replica_test_lab(
+            tmp_path_factory.mktemp("resume-transient"),
+            {"STREAMLAB_GATEWAY_RESUME_TRANSIENT": TRANSIENT,
+             "STREAMLAB_GATEWAY_RESUME_ATTACH_TIMEOUT_S": str(ATTACH_TIMEOUT_S)},
+            gateways=2, engines=2) as private:
         yield private
-    finally:
-        private.down()
 
 
 def body() -> dict[str, Any]:
