@@ -157,11 +157,24 @@ def _json_lines(lab: Lab, logs: tuple[str, ...], trace_id: str) -> list[dict[str
         time.sleep(0.1)
 
 
-@pytest.mark.slow  # the take-over may be the sweep's (a trace of its own): a race, seen in CI
-def test_a_stream_resumed_on_the_other_gateway_is_in_the_same_trace(traced_lab: Lab) -> None:
+TAKEN_OVER = 'streamlab_gateway_resume_takeovers_total{outcome="reattached"}'
+
+
+def _taken_over(http: httpx.Client, base_url: str) -> float:
+    lines = [line for line in http.get(f"{base_url}/metrics").text.splitlines()
+             if line.startswith(TAKEN_OVER + " ")]
+    return float(lines[0].split()[-1]) if lines else 0.0  # counted once it happens
+
+
+@pytest.mark.parametrize("taken_over_by", ["reader", "sweep"])
+def test_a_stream_resumed_on_the_other_gateway_is_in_the_same_trace(
+        traced_lab: Lab, taken_over_by: str) -> None:
     """The owner is SIGKILLed mid-stream; the reader comes back to the other
     gateway with Last-Event-ID and its traceparent; that gateway re-attaches to
-    the engine's generation: its spans and the engine's attach join the trace."""
+    the engine's generation: its spans and the engine's attach join the trace.
+    `sweep`: the survivor's take-over sweep re-attaches before any reader
+    comes (no request, no traceparent: it parents on the stream's own span,
+    kept in the stream's metadata in Redis)."""
     lab = traced_lab
     traceparent = new_traceparent()
     trace_id = trace_id_of(traceparent)
@@ -170,8 +183,14 @@ def test_a_stream_resumed_on_the_other_gateway_is_in_the_same_trace(traced_lab: 
                       headers={"traceparent": traceparent}) as http:
         stream_id = loss.create(http, owner)
         first = loss.read(http, owner, stream_id, stop_after=20)
+        before = _taken_over(http, other)
         lab.kill_service("gateway-2")
         try:
+            if taken_over_by == "sweep":
+                deadline = time.monotonic() + 20.0
+                while _taken_over(http, other) == before:
+                    assert time.monotonic() < deadline, "the sweep took nothing over"
+                    time.sleep(0.1)
             after = loss.read(http, other, stream_id, last_event_id=first.last.id)
         finally:
             lab.start_service("gateway-2")

@@ -46,6 +46,10 @@ class Lease(Protocol):
 
     def close(self) -> None: ...
 
+    def trace_headers(self) -> dict[str, str]:
+        """`traceresponse`: the call's span context, tracing on; else none."""
+        ...
+
 
 class Gateway(Protocol):
     @property
@@ -56,4 +60,4 @@ class Gateway(Protocol):
 
     def lease(self, body: ChatCompletionRequest | None, request_id: str,
               client_key: str | None, surface: str = "sse",
-              detachable: bool = False) -> Lease: ...
+              detachable: bool = False, traceparent: str | None = None) -> Lease: ...

@@ -124,6 +124,10 @@ class StreamMeta:
     # generation): {"n", "code", "message"} as JSON, "" when none. Readers on
     # other replicas are told it as `event: retry`, as the owner's are.
     notice: str = ""
+    # The owner's span of the stream (W3C traceparent; "" when tracing is
+    # off): a replica that takes the stream over, by its sweep or for a
+    # reader, parents its span on it, so the stream stays one trace.
+    traceparent: str = ""
 
     @property
     def ended(self) -> bool:
@@ -135,7 +139,7 @@ class StreamMeta:
                 "grace_s": repr(self.grace_s), "ttl_s": repr(self.ttl_s),
                 "retry_ms": str(self.retry_ms), "max_events": str(self.max_events),
                 "created": repr(self.created), "incarnation": self.incarnation,
-                "notice": self.notice}
+                "notice": self.notice, "traceparent": self.traceparent}
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes] | dict[str, str]) -> StreamMeta:
@@ -150,6 +154,7 @@ class StreamMeta:
                        ttl_s=float(fields["ttl_s"]), retry_ms=int(fields["retry_ms"]),
                        max_events=int(fields["max_events"]), created=float(fields["created"]),
                        incarnation=fields.get("incarnation", ""),
-                       notice=fields.get("notice", ""))
+                       notice=fields.get("notice", ""),
+                       traceparent=fields.get("traceparent", ""))
         except KeyError as exc:
             raise ValueError(f"resume metadata lacks {exc.args[0]!r}") from exc

@@ -154,6 +154,8 @@ class SharedStream(ResumableStream):
         self._epoch = 0  # bumped by every arm/disarm: a stale check must not cancel
         self._check_task: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
         self.created_unix = time.time()
+        # The stream's trace, kept in its meta for whoever takes it over.
+        self.traceparent = lease.trace_headers().get("traceresponse", "")
         self._handed_off = False
         self._store_doubted = False  # a grace was given for a store that failed
         self.keys = stream_keys(KEY_PREFIX, stream_id)
@@ -173,7 +175,8 @@ class SharedStream(ResumableStream):
                           incarnation="" if self._handed_off else self._store.control.incarnation,
                           notice=json.dumps({"n": self.notice.number, "code": self.notice.code,
                                              "message": self.notice.message})
-                          if self.notice is not None else "")
+                          if self.notice is not None else "",
+                          traceparent=self.traceparent)
 
     def _notify(self, code: str, message: str) -> None:
         """The owner's readers are told from memory; readers on other replicas
@@ -890,7 +893,11 @@ class RedisStore(ResumeStore):
         the hole in the sequence numbers is told to readers as `gap`."""
         assert self._gateway is not None
         after_index = last_seq - 1 if last_seq > 0 else None
-        lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume")
+        # Parented on the stream's own span (its meta), not on whoever caused
+        # the take-over: the sweep has no trace, a reader may have another.
+        traceparent = meta.traceparent or None
+        lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume",
+                                    traceparent=traceparent)
         try:
             await lease.attach(after_index)
         except EngineError as exc:
@@ -898,7 +905,8 @@ class RedisStore(ResumeStore):
             if exc.code != "out_of_range" or oldest is None:
                 raise
             after_index = int(oldest.group(1)) - 1
-            lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume")
+            lease = self._gateway.lease(None, stream_id, meta.owner, surface="resume",
+                                        traceparent=traceparent)
             await lease.attach(after_index)
         policy = StreamPolicy(grace_s=meta.grace_s, ttl_s=meta.ttl_s, retry_ms=meta.retry_ms,
                               max_events=meta.max_events)
