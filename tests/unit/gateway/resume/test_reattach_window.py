@@ -82,6 +82,9 @@ class DroppingLease:
     def close(self) -> None:
         self.closed = True
 
+    def trace_headers(self) -> dict[str, str]:
+        return {}  # tracing off
+
 
 async def read(lease: DroppingLease, window_s: float = WINDOW_S
                ) -> tuple[list[ServerSentEvent], float]:
