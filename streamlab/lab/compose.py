@@ -22,6 +22,7 @@ from typing import Literal
 
 import yaml
 from dotenv import dotenv_values
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamlab.errors import StreamlabError
@@ -29,6 +30,7 @@ from streamlab.lab import processes
 from streamlab.lab.compose_config import HEALTH_PATHS, TLS_DIR, proxy_compose_file
 from streamlab.lab.endpoints import REDIS, ServedLab, http_ok
 from streamlab.lab.local import LabOptions
+from streamlab.lab.proxies import proxy_class
 from streamlab.lab.target import Capability
 from streamlab.lab.topology import REPO_ROOT, Ports, Replicas, split_replica
 from streamlab.paths import run_dir
@@ -61,8 +63,15 @@ class ComposeSettings(BaseSettings):
     # engines and Redis (docs/topology.md); CI's compose lab does.
     override: Path | None = None
     # The edge proxy: another than nginx adds its compose.<proxy>.yaml
-    # (docs/proxies.md), which puts it in the `nginx` service.
-    proxy: Literal["nginx", "haproxy", "caddy", "traefik"] = "nginx"
+    # (docs/proxies.md), which puts it in the `nginx` service. One of the
+    # registry's (proxies.PROXIES), so a new proxy needs no change here.
+    proxy: str = "nginx"
+
+    @field_validator("proxy")
+    @classmethod
+    def _known_proxy(cls, value: str) -> str:
+        proxy_class(value)  # ValueError naming the known ones
+        return value
 
     def argv(self, *args: str) -> list[str]:
         project = ["-p", self.project] if self.project else []

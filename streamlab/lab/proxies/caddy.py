@@ -2,17 +2,57 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from types import MappingProxyType
 
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
+from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
 
 # The admin API's address in the lab's Caddyfile: a socket in the run dir.
 ADMIN_SOCKET = "unix/{$STREAMLAB_RUN_DIR}/admin.sock"
+# The compose health answer, and the line of the template it goes before (the
+# catch-all `handle`, which would otherwise take the path to the gateway).
+_CATCH_ALL = "\thandle {\n"
+_HEALTH = (
+    "\t# The compose health check (compose.caddy.yaml), answered by Caddy itself.\n"
+    "\thandle /caddy-health {\n"
+    '\t\trespond "ok" 200\n'
+    "\t}\n\n")
 
 
 class Caddy(EdgeProxy):
     name = "caddy"
     config_name = "Caddyfile"
+    install_hint = "sudo apt-get install -y caddy"
+    # Caddy's durations are Go's: a bare number is nanoseconds.
+    idle_directives = tuple(
+        IdleDirective(directive, "ns", re.compile(rf"^\s*({directive})\s+(\S+)", re.M))
+        for directive in ("read_timeout", "write_timeout"))
+
+    probe_fixes = MappingProxyType({
+        "buffering": "none needed: an event stream is flushed at every write",
+        "compression": "encode: leave text/event-stream out of its match",
+        "idle-cut": "transport http { read_timeout }, and heartbeats",
+        "websocket": "none needed: reverse_proxy upgrades",
+        "slow-reader": "none per write: servers { write_timeout } is a whole-answer deadline",
+        "client-leaves": "no flush_interval -1 (with it, Caddy notices at its next write)",
+        "client-address": "none needed: reverse_proxy sets X-Forwarded-For",
+        "headers-held": "none needed",
+        "reload": "none needed: its reload kept every stream, even at grace_period 1s",
+        "ceiling": "none: no connection limit by default",
+    })
+    reload_bound = (re.compile(r"^\s*grace_period\s+\S+[^\n]*$", re.M),
+                    lambda seconds: f"\tgrace_period {seconds}s")
+
+    compose_health_path = "/caddy-health"
+    compose_config_name = "compose.Caddyfile"
+    # Debian's package, as the local lab's.
+    compose_build_args = MappingProxyType(
+        {"CADDY_BASE_IMAGE": "${CADDY_BASE_IMAGE:-debian:12.12-slim}"})
+
+    @classmethod
+    def version_command(cls, binary: str) -> list[str]:
+        return [binary, "version"]
 
     def environment(self, setup: ProxySetup) -> dict[str, str]:
         # Caddy keeps its data (certificates, the autosaved config) under
@@ -36,3 +76,6 @@ class Caddy(EdgeProxy):
         if ADMIN_SOCKET in config.read_text():
             command += ["--address", f"unix/{setup.run_dir}/admin.sock"]
         return command
+
+    def with_compose_health(self, text: str) -> str:
+        return insert_health_answer(self.name, text, _CATCH_ALL, _HEALTH, before=True)

@@ -2,14 +2,57 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from types import MappingProxyType
 
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
+from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
+
+# The compose health answer, and the line of the template it goes after.
+_BIND = '  bind "${STREAMLAB_LISTEN}"\n'
+_HEALTH = (
+    "  # The compose health check (compose.haproxy.yaml), answered by HAProxy\n"
+    "  # itself and left out of the log (one every 2 s).\n"
+    "  http-request set-log-level silent if { path /haproxy-health }\n"
+    '  http-request return status 200 content-type text/plain string "ok" '
+    "if { path /haproxy-health }\n")
 
 
 class HAProxy(EdgeProxy):
     name = "haproxy"
     config_name = "haproxy.cfg"
+    install_hint = "sudo apt-get install -y haproxy"
+    # A bare number is milliseconds in HAProxy's timeouts.
+    idle_directives = tuple(
+        IdleDirective(f"timeout {side}", "ms",
+                      re.compile(rf"^\s*(timeout\s+{side})\s+\"?([^\s\"]+)\"?", re.M))
+        for side in ("server", "client", "tunnel"))
+
+    probe_fixes = MappingProxyType({
+        "buffering": "none needed: HAProxy never buffers a response body",
+        "compression": "compression type without text/event-stream",
+        "idle-cut": "timeout server (and timeout client, timeout tunnel), and heartbeats",
+        "websocket": "none needed in mode http (timeout tunnel bounds it)",
+        "slow-reader": "timeout client (it never buffers a body)",
+        "client-leaves": "option abortonclose (else the gateway hears at HAProxy's next write)",
+        "client-address": "option forwardfor",
+        "headers-held": "none needed",
+        "reload": "hard-stop-after longer than a stream (reload: -W, kill -USR2)",
+        "ceiling": "maxconn (global and per frontend)",
+    })
+    reload_bound = (re.compile(r"^\s*hard-stop-after\s+\S+[^\n]*$", re.M),
+                    lambda seconds: f"  hard-stop-after {seconds}s")
+    ceiling_pattern = re.compile(r"^\s*maxconn\s+\d+[^\n]*$", re.M)
+
+    compose_health_path = "/haproxy-health"
+    compose_config_name = "compose.cfg"
+    # Debian's package, as the local lab's.
+    compose_build_args = MappingProxyType(
+        {"HAPROXY_BASE_IMAGE": "${HAPROXY_BASE_IMAGE:-debian:12.12-slim}"})
+
+    @classmethod
+    def version_command(cls, binary: str) -> list[str]:
+        return [binary, "-v"]
 
     def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
         # -W: master-worker, so a reload (SIGUSR2 to the master) keeps the pid
@@ -23,3 +66,6 @@ class HAProxy(EdgeProxy):
     def reload_command(self, binary: str, config: Path, setup: ProxySetup,
                        pid: int) -> list[str]:
         return ["kill", "-USR2", str(pid)]
+
+    def with_compose_health(self, text: str) -> str:
+        return insert_health_answer(self.name, text, _BIND, _HEALTH, before=False)

@@ -4,6 +4,7 @@ A stream is silent while the model pauses (prefill, thinking, a tool call):
 a proxy's idle timeout shorter than that pause cuts it, unless the gateway's
 heartbeats come more often. This reads the timeout directives of a config,
 with the lab's placeholders filled in, so a report can name the line to change.
+The directives themselves are each proxy's (EdgeProxy.idle_directives).
 """
 
 from __future__ import annotations
@@ -11,19 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Each proxy's directives that bound the silence on a streamed answer, the
-# unit a bare number has there, and its pattern (group 1: the value).
-_DIRECTIVES: dict[str, list[tuple[str, str, re.Pattern[str]]]] = {
-    "nginx": [(name, "s", re.compile(rf"^\s*({name})\s+(\S+?)\s*;", re.M))
-              for name in ("proxy_read_timeout", "send_timeout", "proxy_send_timeout")],
-    "haproxy": [(f"timeout {side}", "ms",
-                 re.compile(rf"^\s*(timeout\s+{side})\s+\"?([^\s\"]+)\"?", re.M))
-                for side in ("server", "client", "tunnel")],
-    "caddy": [(name, "ns", re.compile(rf"^\s*({name})\s+(\S+)", re.M))
-              for name in ("read_timeout", "write_timeout")],
-    # Traefik has no idle timeout on an answer being streamed (docs/proxies.md).
-    "traefik": [],
-}
+from streamlab.lab.proxies import PROXIES
+
 _UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
             "ns": 1e-9}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(us|ms|ns|s|m|h|d)?")
@@ -62,7 +52,8 @@ def parse_duration(text: str, bare_unit: str) -> float | None:
 def idle_timeouts(proxy: str, text: str) -> list[IdleTimeout]:
     """Every idle-timeout directive in a (filled-in) config, in file order."""
     found: list[IdleTimeout] = []
-    for directive, unit, pattern in _DIRECTIVES.get(proxy, []):
+    known = PROXIES.get(proxy)  # a proxy the lab does not know has none it can read
+    for directive, unit, pattern in known.idle_directives if known else ():
         for match in pattern.finditer(text):
             seconds = parse_duration(match.group(2), unit)
             if seconds is not None and seconds > 0:

