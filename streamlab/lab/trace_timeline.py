@@ -28,6 +28,7 @@ from typing import Any
 
 from services.client.openai_stream import StreamResult
 from services.common.tracing import new_traceparent, trace_id_of
+from streamlab.lab.proxies import PROXIES, proxy_class
 
 CLIENT_LOG = Path("traces") / "clients.jsonl"
 HOPS = ("client", "proxy", "gateway", "engine")
@@ -272,98 +273,15 @@ def client_record(run_dir: Path, request_id: str) -> dict[str, Any] | None:
 
 # ---- proxy --------------------------------------------------------------------
 
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def normalise_proxy_line(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A proxy's JSON access-log line in one shape: request_id, trace_id,
-    status, bytes, start and end (unix s), upstream header/response seconds."""
-    if doc.get("proxy") == "nginx":
-        end = _float(doc.get("msec"))
-        total = _float(doc.get("request_time")) or 0.0
-        return {"proxy": "nginx", "request_id": doc.get("request_id") or "",
-                "trace_id": doc.get("trace_id") or "", "status": doc.get("status"),
-                "bytes": doc.get("bytes_sent"), "start": end - total if end else None,
-                "end": end, "request_time_s": total,
-                "upstream_header_s": _float(doc.get("upstream_header_time")),
-                "upstream_response_s": _float(doc.get("upstream_response_time"))}
-    if doc.get("proxy") == "haproxy":
-        start = _float(doc.get("accept_unix_ms"))
-        start = start / 1000 if start else None
-        total = (_float(doc.get("total_ms")) or 0.0) / 1000
-        header = _float(doc.get("upstream_header_ms"))
-        return {"proxy": "haproxy",
-                "request_id": _captured(doc.get("request_id"))
-                or _captured(doc.get("upstream_request_id")),
-                "trace_id": _trace(_captured(doc.get("traceparent")))
-                or _trace(_captured(doc.get("traceresponse"))),
-                "status": doc.get("status"), "bytes": doc.get("bytes"), "start": start,
-                "end": start + total if start else None, "request_time_s": total,
-                "upstream_header_s": header / 1000 if header is not None and header >= 0
-                else None, "upstream_response_s": None}
-    if "DownstreamStatus" in doc:  # Traefik
-        start = _unix(doc.get("StartUTC"))
-        total = (_float(doc.get("Duration")) or 0.0) / 1e9
-        return {"proxy": "traefik",
-                "request_id": doc.get("request_X-Request-Id")
-                or doc.get("downstream_X-Request-Id") or "",
-                "trace_id": _trace(doc.get("request_Traceparent"))
-                or _trace(doc.get("downstream_Traceresponse")),
-                "status": doc.get("DownstreamStatus"), "bytes": doc.get("DownstreamContentSize"),
-                "start": start, "end": start + total if start else None,
-                "request_time_s": total, "upstream_header_s": None,
-                "upstream_response_s": (_float(doc.get("OriginDuration")) or 0.0) / 1e9}
-    if doc.get("logger", "").startswith("http.log.access"):  # Caddy
-        request = doc.get("request") or {}
-        headers = request.get("headers") or {}
-        response_headers = doc.get("resp_headers") or {}
-        end = _float(doc.get("ts"))
-        total = _float(doc.get("duration")) or 0.0
-        return {"proxy": "caddy",
-                "request_id": _first(headers.get("X-Request-Id"))
-                or _first(response_headers.get("X-Request-Id")) or "",
-                "trace_id": _trace(_first(headers.get("Traceparent")))
-                or _trace(_first(response_headers.get("Traceresponse"))),
-                "status": doc.get("status"), "bytes": doc.get("size"),
-                "start": end - total if end else None, "end": end, "request_time_s": total,
-                "upstream_header_s": None, "upstream_response_s": None}
+    """A proxy's JSON access-log line in one shape (lab/proxies/access_log.py):
+    request_id, trace_id, status, bytes, start and end (unix s), upstream
+    header/response seconds. Each proxy reads its own format."""
+    for proxy in PROXIES.values():
+        line = proxy.access_line(doc)
+        if line is not None:
+            return line
     return None
-
-
-def _captured(value: Any) -> str:
-    """A HAProxy capture: "-" when the header was absent."""
-    return "" if value in (None, "", "-") else str(value)
-
-
-def _first(value: Any) -> str | None:
-    if isinstance(value, list):
-        return str(value[0]) if value else None
-    return str(value) if value else None
-
-
-def _trace(value: Any) -> str:
-    return trace_id_of(str(value)) or "" if value else ""
-
-
-def _unix(value: Any) -> float | None:
-    if not value:
-        return None
-    from datetime import datetime
-    text = str(value)
-    # Go's RFC 3339 with nanoseconds: keep microseconds for fromisoformat.
-    if "." in text:
-        head, _, tail = text.partition(".")
-        digits = "".join(c for c in tail if c.isdigit())
-        zone = tail[len(digits):]
-        text = f"{head}.{digits[:6]}{'+00:00' if zone in ('Z', '') else zone}"
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def proxy_lines(log: Path, max_bytes: int = 16 << 20) -> Iterable[dict[str, Any]]:
@@ -479,11 +397,8 @@ def build(request_id: str, trace: Mapping[str, Any] | None, proxy: Mapping[str, 
 # ---- one stream of a local lab ---------------------------------------------------
 
 def access_log_of(lab: Any) -> Path:
-    """Where the lab's edge proxy writes its JSON access log: HAProxy to its
-    stdout (the lab's log of it), the others to a file in their run dir."""
-    if lab.edge_proxy == "haproxy":
-        return Path(lab.run_dir) / "logs" / "nginx.log"
-    return Path(lab.proxy_setup.run_dir) / "access.log"
+    """Where the lab's edge proxy writes its JSON access log."""
+    return Path(proxy_class(lab.edge_proxy).access_log(Path(lab.run_dir), lab.proxy_setup))
 
 
 def _complete(trace: Mapping[str, Any] | None, request_id: str) -> bool:

@@ -37,9 +37,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from streamlab.lab.processes import StartError
+from streamlab.lab.proxies.access_log import AccessLine
 from streamlab.lab.topology import REPO_ROOT, Ports
 from streamlab.paths import clone, proxy_template
 
@@ -137,6 +138,17 @@ class EdgeProxy(ABC):
     @abstractmethod
     def version_command(cls, binary: str) -> list[str]:
         """The command that prints the proxy's version."""
+
+    @classmethod
+    @abstractmethod
+    def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:
+        """This proxy's JSON access-log line (its lab template's format) in the
+        one shape of access_log.py; None: not a line of this proxy."""
+
+    @classmethod
+    def access_log(cls, lab_run_dir: Path, setup: ProxySetup) -> Path:
+        """Where the lab's template makes it write that log."""
+        return setup.run_dir / "access.log"
 
     @classmethod
     def version_line(cls, output: str) -> str:

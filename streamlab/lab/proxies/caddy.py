@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
+from streamlab.lab.proxies.access_log import AccessLine, first, number, trace_of
 from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
 
 # The admin API's address in the lab's Caddyfile: a socket in the run dir.
@@ -53,6 +56,24 @@ class Caddy(EdgeProxy):
     @classmethod
     def version_command(cls, binary: str) -> list[str]:
         return [binary, "version"]
+
+    @classmethod
+    def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:
+        if not str(doc.get("logger", "")).startswith("http.log.access"):
+            return None
+        request = doc.get("request") or {}
+        headers = request.get("headers") or {}
+        response_headers = doc.get("resp_headers") or {}
+        end = number(doc.get("ts"))
+        total = number(doc.get("duration")) or 0.0
+        return {"proxy": "caddy",
+                "request_id": first(headers.get("X-Request-Id"))
+                or first(response_headers.get("X-Request-Id")) or "",
+                "trace_id": trace_of(first(headers.get("Traceparent")))
+                or trace_of(first(response_headers.get("Traceresponse"))),
+                "status": doc.get("status"), "bytes": doc.get("size"),
+                "start": end - total if end else None, "end": end, "request_time_s": total,
+                "upstream_header_s": None, "upstream_response_s": None}
 
     def environment(self, setup: ProxySetup) -> dict[str, str]:
         # Caddy keeps its data (certificates, the autosaved config) under

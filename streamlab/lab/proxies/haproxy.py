@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
+from streamlab.lab.proxies.access_log import AccessLine, captured, number, trace_of
 from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
 
 # The compose health answer, and the line of the template it goes after.
@@ -53,6 +56,30 @@ class HAProxy(EdgeProxy):
     @classmethod
     def version_command(cls, binary: str) -> list[str]:
         return [binary, "-v"]
+
+    @classmethod
+    def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:
+        if doc.get("proxy") != "haproxy":
+            return None
+        start = number(doc.get("accept_unix_ms"))
+        start = start / 1000 if start else None
+        total = (number(doc.get("total_ms")) or 0.0) / 1000
+        header = number(doc.get("upstream_header_ms"))
+        return {"proxy": "haproxy",
+                "request_id": captured(doc.get("request_id"))
+                or captured(doc.get("upstream_request_id")),
+                "trace_id": trace_of(captured(doc.get("traceparent")))
+                or trace_of(captured(doc.get("traceresponse"))),
+                "status": doc.get("status"), "bytes": doc.get("bytes"), "start": start,
+                "end": start + total if start else None, "request_time_s": total,
+                "upstream_header_s": header / 1000 if header is not None and header >= 0
+                else None, "upstream_response_s": None}
+
+    @classmethod
+    def access_log(cls, lab_run_dir: Path, setup: ProxySetup) -> Path:
+        # HAProxy logs to its stdout (no file target without syslog): the
+        # lab's log of the process, which stands in nginx's slot.
+        return lab_run_dir / "logs" / "nginx.log"
 
     def command(self, binary: str, config: Path, setup: ProxySetup) -> list[str]:
         # -W: master-worker, so a reload (SIGUSR2 to the master) keeps the pid
