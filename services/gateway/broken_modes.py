@@ -22,21 +22,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from services.gateway.engine_client import EngineEvent
 from services.gateway.errors import BadRequest, EngineError
 from services.gateway.openai_api import StreamlabOptions
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
-if TYPE_CHECKING:
-    from services.gateway.lease import EngineLease
-
 Events = AsyncIterator[EngineEvent]
-Wrapper = Callable[["EngineLease", Events, "BrokenModes"], Events]
 
 
-async def detached_unbounded(lease: EngineLease, events: Events, modes: BrokenModes) -> Events:
+class Call(Protocol):
+    """What a mode uses of the lease that owns the call (lease.py's
+    EngineLease is one; it applies the modes, so this module imports none of it)."""
+
+    def abandon_call(self) -> None:
+        """Leave the call running when the lease closes."""
+        ...
+
+
+Wrapper = Callable[[Call, Events, "BrokenModes"], Events]
+
+
+async def detached_unbounded(lease: Call, events: Events, modes: BrokenModes) -> Events:
     queue: asyncio.Queue[EngineEvent | EngineError] = asyncio.Queue()  # unbounded: the bug
 
     async def drain_call() -> None:
@@ -57,7 +65,7 @@ async def detached_unbounded(lease: EngineLease, events: Events, modes: BrokenMo
             return
 
 
-async def swallow_engine_errors(lease: EngineLease, events: Events, modes: BrokenModes
+async def swallow_engine_errors(lease: Call, events: Events, modes: BrokenModes
                                 ) -> Events:
     try:
         async for event in events:
@@ -103,7 +111,7 @@ class BrokenModes:
             raise BadRequest("broken_mode_disabled", "this gateway refuses the lab's broken "
                              f"modes: {', '.join(mode.name for mode in modes)}")
 
-    def apply(self, lease: EngineLease, options: StreamlabOptions | None, events: Events
+    def apply(self, lease: Call, options: StreamlabOptions | None, events: Events
               ) -> Events:
         for mode in selected(options):
             if mode.wrap is not None:

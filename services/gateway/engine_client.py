@@ -19,9 +19,12 @@ short deadline) and cancels the call after it; `cancel()` only drops the
 call, which leaves the generation to be re-attached. `EngineClient.attach()`
 opens a stream on one from an index, `EngineClient.cancel()` stops one by id.
 
-The wire (settings.engine_wire): `per_request` opens a gRPC call per stream;
-`multiplexed` carries them all on one Session per engine (engine_mux.py),
-whose calls EngineStream reads exactly as it reads a Generate call.
+The wire (settings.engine_wire, chosen once from `WIRES`): an `EngineWire`
+says where a new or re-attached generation's call may start, the client takes
+the first that the engine accepts. `PerRequestWire` starts a gRPC call per
+stream; `MultiplexedWire` carries them all on one Session per engine
+(engine_mux.py), whose calls EngineStream reads exactly as it reads a Generate
+call. The explicit Cancel and the health check are unary calls on either wire.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from time import monotonic
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.engine_mux import EngineMux, MuxCall, MuxSession, window_tokens
+from services.gateway.engine_mux import EngineMux, MuxCall, window_tokens
 from services.gateway.errors import EngineError, redact_addresses
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import EngineWireName, GatewaySettings
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
@@ -334,6 +339,99 @@ def each_address(target: str) -> list[str]:
     return [f"{scheme}:{address.strip()}" for address in rest.split(",")]
 
 
+# A call a wire starts: what `EngineClient._accepted` waits on and EngineStream reads.
+WireCall: TypeAlias = "grpc.aio.UnaryStreamCall | MuxCall"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempts:
+    """Where a generation's call may start: each start in turn until the
+    engine accepts one, or refuses one with a status not in `retry_on` (a
+    refusal before acceptance started nothing, so the next is safe to try);
+    of the refusals, `attach_verdict` picks the one that decides."""
+
+    starts: Sequence[Callable[[], WireCall]]
+    retry_on: tuple[int, ...] = ()
+
+
+class EngineWire(Protocol):
+    """How generations travel to the engines (settings.engine_wire)."""
+
+    def open(self, request: pb.GenerateRequest) -> Attempts:
+        """Where a new generation starts (its traceparent, if any, travels with it)."""
+        ...
+
+    def attach(self, request: pb.AttachRequest, traceparent: str) -> Attempts:
+        """Where a detachable generation is attached to: the engine holding it
+        accepts, the others refuse. `traceparent`: the caller's span, or ""."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+Stub = pb_grpc.EngineServiceStub
+
+
+class PerRequestWire:
+    """A gRPC call per stream (Generate, Attach) on the balanced channel's stub;
+    the trace context travels as the call's own metadata."""
+
+    def __init__(self, stub: Stub, pinned: list[Stub], settings: GatewaySettings) -> None:
+        self._stub = stub
+        self._pinned = pinned
+
+    def open(self, request: pb.GenerateRequest) -> Attempts:
+        # (The field stays set: a retry of this request keeps its trace.)
+        metadata = (("traceparent", request.traceparent),) if request.traceparent else None
+        return Attempts([partial(self._stub.Generate, request, wait_for_ready=False,
+                                 metadata=metadata)])
+
+    def attach(self, request: pb.AttachRequest, traceparent: str) -> Attempts:
+        metadata = (("traceparent", traceparent),) if traceparent else None
+        if not self._pinned:
+            return Attempts([partial(self._stub.Attach, request, wait_for_ready=False,
+                                     metadata=metadata)])
+        # Each engine in turn: the one holding the generation accepts; the others
+        # answer NOT_FOUND (or are down), and the last answer is the verdict.
+        return Attempts([partial(stub.Attach, request, wait_for_ready=False, metadata=metadata)
+                         for stub in self._pinned], retry_on=(404, 503, 504))
+
+    async def close(self) -> None:
+        return None  # its calls end with the channels, which the client closes
+
+
+class MultiplexedWire:
+    """A Session per engine (engine_mux.py; on its own channel when there are
+    several, as the balanced channel would pin one session to one); the trace
+    context travels in the request."""
+
+    def __init__(self, stub: Stub, pinned: list[Stub], settings: GatewaySettings) -> None:
+        self._mux = EngineMux(pinned or [stub], settings.engine_health_checks,
+                              window_tokens(settings.engine_read_ahead_bytes))
+
+    def open(self, request: pb.GenerateRequest) -> Attempts:
+        # The sessions in turn, as the balancer skips an engine it cannot reach.
+        return Attempts([partial(session.open, request) for session in self._mux.rotation()],
+                        retry_on=(503,))
+
+    def attach(self, request: pb.AttachRequest, traceparent: str) -> Attempts:
+        if traceparent:
+            request.traceparent = traceparent
+        # The engine holding it accepts; the others 404.
+        return Attempts([partial(session.attach, request) for session in self._mux.sessions],
+                        retry_on=(404, 503))
+
+    async def close(self) -> None:
+        await self._mux.close()
+
+
+# Each wire's name (settings.py's EngineWireName) and its implementation.
+WIRES: dict[EngineWireName, Callable[[Stub, list[Stub], GatewaySettings], EngineWire]] = {
+    "per_request": PerRequestWire,
+    "multiplexed": MultiplexedWire,
+}
+
+
 class EngineClient:
     def __init__(self, settings: GatewaySettings) -> None:
         options: list[tuple[str, int | str]] = list(channel_options(settings))
@@ -354,11 +452,7 @@ class EngineClient:
                                   for a in addresses] if len(addresses) > 1 else [])
         self._pinned = [pb_grpc.EngineServiceStub(c) for c in self._pinned_channels]
         self._health = health_pb2_grpc.HealthStub(self._channel)
-        # The multiplexed wire: a Session per engine (on its own channel when
-        # there are several, as the balanced channel would pin one session to one).
-        self._mux = (EngineMux(self._pinned or [self._stub], settings.engine_health_checks,
-                               window_tokens(settings.engine_read_ahead_bytes))
-                     if settings.engine_wire == "multiplexed" else None)
+        self._wire = WIRES[settings.engine_wire](self._stub, self._pinned, settings)
         self._accept_timeout_s = settings.engine_accept_timeout_s
         self._idle_timeout_s = settings.engine_idle_timeout_s
         self._max_duration_s = settings.max_stream_duration_s
@@ -377,30 +471,20 @@ class EngineClient:
         """
         # This gateway reads `tokens` batches (EngineStream yields their chunks).
         request.accept_token_batches = True
-        if self._mux is not None:
-            return await self._each_session(
-                self._mux.rotation(), lambda session: session.open(request),
-                request.request_id, request.detachable, retry_on=(503,))
-        # The trace context travels as the call's own metadata on this wire
-        # (the field stays: a retry of this request keeps its trace).
-        metadata = (("traceparent", request.traceparent),) if request.traceparent else None
-        call = self._stub.Generate(request, wait_for_ready=False, metadata=metadata)
-        return await self._accepted(call, request.request_id, request.detachable)
+        return await self._first_accepted(self._wire.open(request), request.request_id,
+                                          request.detachable)
 
-    async def _each_session(self, sessions: list[MuxSession],
-                            start: Callable[[MuxSession], MuxCall], request_id: str,
-                            detachable: bool, retry_on: tuple[int, ...]) -> EngineStream:
-        """The multiplexed wire: start the call on each session in turn until one
-        accepts it or refuses it with a status not in `retry_on` (a refusal
-        before acceptance started nothing: trying the next engine is safe, as
-        the balancer skips an engine it cannot reach); `attach_verdict` picks
-        the answer that decides."""
+    async def _first_accepted(self, attempts: Attempts, request_id: str,
+                              detachable: bool) -> EngineStream:
+        """Start the call at each of the wire's places in turn until one is
+        accepted or refused with a status not in `retry_on`; `attach_verdict`
+        picks the refusal that decides."""
         error: EngineError | None = None
-        for session in sessions:
+        for start in attempts.starts:
             try:
-                return await self._accepted(start(session), request_id, detachable)
+                return await self._accepted(start(), request_id, detachable)
             except EngineError as exc:
-                if exc.status_code not in retry_on:
+                if exc.status_code not in attempts.retry_on:
                     raise
                 error = attach_verdict(error, exc)
         assert error is not None
@@ -417,33 +501,8 @@ class EngineClient:
         request = pb.AttachRequest(request_id=request_id, accept_token_batches=True)
         if after_index is not None:
             request.after_index = after_index
-        metadata = None
-        if traceparent:
-            if self._mux is not None:
-                request.traceparent = traceparent
-            else:
-                metadata = (("traceparent", traceparent),)
-        if self._mux is not None:  # the engine holding it accepts; the others 404
-            return await self._each_session(
-                self._mux.sessions, lambda session: session.attach(request), request_id,
-                detachable=True, retry_on=(404, 503))
-        if not self._pinned:
-            call = self._stub.Attach(request, wait_for_ready=False, metadata=metadata)
-            return await self._accepted(call, request_id, detachable=True)
-        # Each engine in turn: the one holding the generation accepts; the others
-        # answer NOT_FOUND (or are down), and the last answer is the verdict.
-        error: EngineError | None = None
-        for stub in self._pinned:
-            try:
-                return await self._accepted(
-                    stub.Attach(request, wait_for_ready=False, metadata=metadata),
-                    request_id, detachable=True)
-            except EngineError as exc:
-                if exc.status_code not in (404, 503, 504):
-                    raise
-                error = attach_verdict(error, exc)
-        assert error is not None
-        raise error
+        return await self._first_accepted(self._wire.attach(request, traceparent), request_id,
+                                          detachable=True)
 
     async def cancel(self, request_id: str) -> bool:
         """The explicit Cancel of a detachable generation, within the cancel
@@ -485,8 +544,8 @@ class EngineClient:
         finally:
             call.cancel()
 
-    async def _accepted(self, call: grpc.aio.UnaryStreamCall | MuxCall,
-                        request_id: str, detachable: bool) -> EngineStream:
+    async def _accepted(self, call: WireCall, request_id: str,
+                        detachable: bool) -> EngineStream:
         try:
             metadata = await asyncio.wait_for(call.initial_metadata(), self._accept_timeout_s)
         except TimeoutError as exc:
@@ -521,8 +580,7 @@ class EngineClient:
     async def close(self) -> None:
         if self._cancelling:  # let the explicit Cancels in flight reach the engine
             await asyncio.wait(set(self._cancelling), timeout=self._cancel_timeout_s)
-        if self._mux is not None:
-            await self._mux.close()
+        await self._wire.close()
         await self._channel.close()
         for channel in self._pinned_channels:
             await channel.close()

@@ -10,7 +10,8 @@ every stream to one engine on one long-lived Session call.
                 errors and everything above it are the same on both wires
     EngineMux   the sessions of every engine the client reaches: new calls
                 rotate over the serving ones, as the health-checked balancer
-                rotates Generate calls
+                rotates Generate calls (engine_client.py's MultiplexedWire
+                holds one)
 
 Cancelling a MuxCall queues an abort message (synchronous, as grpc.aio's
 cancel is: it runs in `finally` blocks of cancelled tasks) and wakes its

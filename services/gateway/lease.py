@@ -23,6 +23,10 @@ A request that owns its call uses `async with lease:`. A surface whose call
 outlives the request (resume, polling) opens the lease in the request, so
 refusals are HTTP statuses, and hands it to the task that owns the call from
 then on, which closes it when the generation ends.
+
+A lease is handed what it uses of the running gateway (`LeaseGateway`, which
+state.py's GatewayState is), not the state itself: it imports nothing that
+holds it (pyproject.toml's import contract keeps it so).
 """
 
 from __future__ import annotations
@@ -30,23 +34,59 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from time import monotonic
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from services.common import tracing
-from services.gateway.drain import DRAINING
-from services.gateway.engine_client import EngineEvent, EngineStream
+from services.gateway.admission import SetupAdmission
+from services.gateway.broken_modes import BrokenModes
+from services.gateway.drain import DRAINING, Drain
+from services.gateway.engine_client import Engine, EngineEvent, EngineStream
 from services.gateway.errors import BadRequest, EngineError, GatewayError
-from services.gateway.limits import StreamSlot
-from services.gateway.metrics import StreamTimings
+from services.gateway.limits import StreamLimiter, StreamSlot
+from services.gateway.metrics import GatewayMetrics, StreamTimings
 from services.gateway.openai_api import TOOL_SURFACES, ChatCompletionRequest
-from services.gateway.shared_caps import SharedSlot
+from services.gateway.settings import GatewaySettings
+from services.gateway.shared_caps import SharedCaps, SharedSlot
 from services.gateway.tracing import StreamTrace, TracedStreamTimings
 
-if TYPE_CHECKING:
-    from services.gateway.state import GatewayState
+
+class LeaseGateway(Protocol):
+    """What a lease uses of the running gateway (state.py's GatewayState is one)."""
+
+    @property
+    def settings(self) -> GatewaySettings:
+        """max_prompt_chars, retry_after_s, engine_wire (the span's tag)."""
+        ...
+
+    @property
+    def models(self) -> frozenset[str]: ...
+
+    @property
+    def broken_modes(self) -> BrokenModes: ...
+
+    @property
+    def drain(self) -> Drain: ...
+
+    @property
+    def limiter(self) -> StreamLimiter: ...
+
+    @property
+    def shared_caps(self) -> SharedCaps | None: ...
+
+    @property
+    def admission(self) -> SetupAdmission: ...
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        """engine_errors, and each surface's latency histograms."""
+        ...
+
+    @property
+    def engine(self) -> Engine: ...
+
 
 class EngineLease:
-    def __init__(self, gateway: GatewayState, body: ChatCompletionRequest | None,
+    def __init__(self, gateway: LeaseGateway, body: ChatCompletionRequest | None,
                  request_id: str, client_key: str | None, surface: str = "sse",
                  detachable: bool = False, traceparent: str | None = None) -> None:
         """`client_key`: the client's identity, whose cap the call counts

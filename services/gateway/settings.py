@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Literal, Self
+from typing import Literal, Self, get_args
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The engine wires' names, spelt here only: engine_client.py's WIRES maps each
+# to its implementation (mypy holds its keys to these, a unit test to all of them).
+EngineWireName = Literal["per_request", "multiplexed"]
+ENGINE_WIRES: tuple[EngineWireName, ...] = get_args(EngineWireName)
 
 
 class GatewaySettings(BaseSettings):
@@ -40,7 +45,7 @@ class GatewaySettings(BaseSettings):
     # services/gateway/engine_mux.py), or a gRPC call each (per_request: a
     # cancel is the call's RST_STREAM, the lesson's shape); both are tested
     # end to end (docs/cancellation-and-backpressure.md says why this default).
-    engine_wire: Literal["per_request", "multiplexed"] = "multiplexed"
+    engine_wire: EngineWireName = "multiplexed"
     # Seconds between `: ping` comments on an SSE stream (0 disables them).
     heartbeat_s: float = Field(15.0, ge=0)
     # Seconds to wait for the engine to accept a call (its response headers)
