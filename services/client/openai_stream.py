@@ -60,6 +60,7 @@ class StreamResult:
     retry_ms: int | None = None  # the last `retry:` the server sent
     started_unix: float = 0.0  # time.time() at the request's start: other hops' clocks
     retry_after_s: float | None = None  # a refusal's Retry-After header
+    content_encoding: str = ""  # the answer's Content-Encoding header ("" when none)
     # What a conformance check judges (streamlab check):
     reads: list[tuple[float, int]] = field(default_factory=list)  # (when, bytes) per read
     token_reads: list[float] = field(default_factory=list)  # reads that carried a token
@@ -90,6 +91,15 @@ class StreamResult:
         if self.error is None:
             return ""
         return f"{self.error.get('code')}: {self.error.get('message')}"[:200]
+
+    @property
+    def lump(self) -> bool:
+        """Everything at the end (a buffering or compressing hop): the first byte
+        at 80 % of the answer or later, the tokens bunched within 10 % of it."""
+        if self.first_byte_s is None or len(self.token_times) < 2:
+            return False
+        spread = self.token_times[-1] - self.token_times[0]
+        return self.first_byte_s >= 0.8 * self.total_s and spread < 0.1 * self.total_s
 
     @property
     def first_token_s(self) -> float | None:
@@ -186,6 +196,7 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any],
             result.status = response.status_code
             result.headers_s = time.perf_counter() - start
             result.request_id = response.headers.get("x-request-id", "")
+            result.content_encoding = response.headers.get("content-encoding", "")
             if response.status_code != 200:
                 retry_after = response.headers.get("retry-after", "")
                 if retry_after.isdigit():

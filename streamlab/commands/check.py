@@ -30,16 +30,11 @@ from rich.console import Console
 
 from streamlab.commands.completion import complete_checks
 from streamlab.commands.conventions import StreamlabCommand, split_list
+from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.experiments.check.junit import junit_xml
 from streamlab.experiments.check.runner import CHECKS, NoModel, check_url
 from streamlab.experiments.check.target import CheckTarget
-from streamlab.experiments.check.verdict import (
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    document,
-    exit_status,
-    line,
-)
+from streamlab.experiments.check.verdict import document, exit_status, line
 from streamlab.experiments.render import show
 from streamlab.lab.target import TargetUnreachable
 
@@ -170,7 +165,7 @@ def check_command(
     def interrupted() -> NoReturn:
         errors.print("interrupted: every check stopped, the check's hop with them",
                      style="red")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
 
     def progress(text: str) -> None:
         errors.print(text, markup=False, highlight=False, style="dim")

@@ -7,7 +7,8 @@
   verdict not as expected) prints nothing more: still one document.
 - One exit status per outcome, for every command: 0 as expected, 1 not as
   expected or failed, 2 usage, 3 no lab (or its Toxiproxy API down), 130
-  interrupted. A command says why it gives up with `fail(message, code)`.
+  interrupted (streamlab/exit_codes.py names them). A command says why it
+  gives up with `fail(message, code)`.
 - Help that fits 80 columns: a flag shows no `<bool>` metavar, and an option
   shows its first long name only. The others are the names it had before one
   name per concept (`--path` before `--location`, ...): still accepted, for a
@@ -40,9 +41,8 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import Exit
 
 from streamlab.errors import StreamlabError
+from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
 
-EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130
 KINDS = {EXIT_USAGE: "usage", EXIT_UNREACHABLE: "unreachable",
          EXIT_INTERRUPTED: "interrupted"}
 

@@ -22,20 +22,14 @@ from pathlib import Path
 import httpx
 import typer
 
-from streamlab.commands.conventions import (
-    EXIT_AS_EXPECTED,
-    EXIT_UNEXPECTED,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    fail,
-)
+from streamlab.commands.conventions import fail
 from streamlab.commands.lab import attached
+from streamlab.exit_codes import EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.experiments.report import Report
 from streamlab.lab.target import LabTarget, MissingCapability
 from streamlab.lab.toxiproxy import ToxiproxyError
 
-__all__ = ["EXIT_AS_EXPECTED", "EXIT_CODES", "EXIT_CODES_TARGETS", "EXIT_STATUS_HELP",
-           "EXIT_UNEXPECTED", "EXIT_UNREACHABLE", "EXIT_USAGE", "experiment_exits", "reach",
+__all__ = ["EXIT_CODES", "EXIT_CODES_TARGETS", "EXIT_STATUS_HELP", "experiment_exits", "reach",
            "verdict_exit"]
 
 # `streamlab --help`'s epilog: the codes, in one line (rich rewraps it).

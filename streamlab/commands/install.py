@@ -16,7 +16,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from streamlab.commands.conventions import EXIT_UNEXPECTED, EXIT_USAGE, fail, print_json
+from streamlab.commands.conventions import fail, print_json
+from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_USAGE
 from streamlab.lab.toxiproxy_install import (
     TOXIPROXY_VERSION,
     ToolMissing,

@@ -18,13 +18,8 @@ from rich.table import Table
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.common.tracing import trace_id_of
 from streamlab.commands.completion import complete_proxies
-from streamlab.commands.conventions import (
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    AsJson,
-    fail,
-    print_json,
-)
+from streamlab.commands.conventions import AsJson, fail, print_json
+from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions

@@ -26,8 +26,9 @@ from typing import Annotated
 import typer
 
 from streamlab.commands.completion import complete_services
-from streamlab.commands.conventions import EXIT_USAGE, AsJson, fail, print_json
+from streamlab.commands.conventions import AsJson, fail, print_json
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.exit_codes import EXIT_USAGE
 from streamlab.lab.compose import ComposeLab
 
 app = typer.Typer()

@@ -11,7 +11,8 @@
                                                   # any order: each repeat shuffled
 
 The command parses, calls the runner (streamlab/experiments/scenarios/runner.py:
-run_plan, which holds the run/skip/error policy) and renders its Report.
+run_plan, which holds the run/skip/error policy) and prints its Report as the
+one renderer (streamlab/experiments/render.py) draws it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.padding import Padding
 from rich.table import Table
-from rich.text import Text
 
 from streamlab.commands.completion import (
     complete_probes,
@@ -39,18 +38,22 @@ from streamlab.commands.completion import (
     complete_scenarios_or_all,
 )
 from streamlab.commands.conventions import fail, print_json, split_list
-from streamlab.commands.exits import (
-    EXIT_UNEXPECTED,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    reach,
-)
+from streamlab.commands.exits import reach
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
+from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
+from streamlab.experiments.render import (
+    catalogue_line,
+    print_last_runs,
+    print_plan_summary,
+    print_scenario,
+    scenario_table,
+    verdict_markup,
+)
 from streamlab.lab.target import Capability
 from streamlab.lab.watchdog import ToxiproxyWatchdog
 
 if TYPE_CHECKING:
-    from streamlab.experiments.report import Figure, Report
+    from streamlab.experiments.report import Report
     from streamlab.experiments.scenarios import Mode, Scenario
 
 # The catalogue (and the websockets client its measures use) is imported inside
@@ -89,19 +92,8 @@ def list_scenarios(
     name_width = max(len(s.name) for s in catalogue)
     width = console.width if console.is_terminal else None
     for scenario in catalogue:
-        console.print(one_line(scenario.name, scenario.summary, name_width, width),
+        console.print(catalogue_line(scenario.name, scenario.summary, name_width, width),
                       highlight=False, soft_wrap=width is None)
-
-
-def one_line(name: str, summary: str, name_width: int, width: int | None) -> Text:
-    """`name  summary`, the summary cut with an ellipsis so the line fits `width`
-    (a wrapped catalogue is a wall of text at 80 columns); whole without one
-    (piped: `| grep` must see every word)."""
-    line = Text(f"{name:<{name_width}}  ", style="bold")
-    line.append(summary)
-    if width is not None:
-        line.truncate(max(width, name_width + 4), overflow="ellipsis")
-    return line
 
 
 @app.command("show")
@@ -121,29 +113,18 @@ def show_scenario(
     What it shows, each mode's story, setup and checks (bounds at the default
     timing), and what it needs of the lab. With --last: its last run from this
     run dir instead (each mode's verdict and the request ids of its streams)."""
-    from streamlab.experiments.scenarios import MODES, Timing, get, names
+    from streamlab.experiments.scenarios import Timing, get, names
 
     if name not in names():
         fail(f"no scenario {name!r}; one of: {', '.join(names())}", EXIT_USAGE)
     if last:
         show_last(name, run_dir, as_json)
         return
-    scenario, timing = get(name), Timing()
+    doc = get(name).as_json(Timing())
     if as_json:
-        print_json(scenario.as_json(timing))
-        return
-    console.print(f"[bold]{scenario.name}[/]: {scenario.summary}", highlight=False)
-    needs = ", ".join(str(c) for c in sorted(scenario.needs)) or "nothing beyond a lab that is up"
-    console.print(f"needs: {needs}", highlight=False)
-    for mode in MODES:
-        variant = scenario.variant(mode)
-        console.print(f"\n[bold]{mode}[/]: {variant.story}", highlight=False)
-        for line in _setup_lines(dict(variant.setup.as_json())):
-            _indented(f"setup: {line}")
-        for check in variant.expect:
-            _indented(f"check: {check.describe(timing)}" + (f" ({check.why})" if check.why else ""))
-    console.print("\n[dim]bounds shown at the default timing; `scenario run` scales them "
-                  "to the lab's[/]")
+        print_json(doc)
+    else:
+        print_scenario(doc, console)
 
 
 def last_runs(name: str, run_dir: Path) -> dict[str, Any]:
@@ -178,40 +159,8 @@ def show_last(name: str, run_dir: Path, as_json: bool) -> None:
     doc = last_runs(name, run_dir)
     if as_json:
         print_json(doc)
-        return
-    console.print(f"[bold]{name}[/]: last run in {run_dir}", highlight=False)
-    for mode, run in doc["modes"].items():
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["ran_unix"] or 0))
-        verdict = run["verdict"] + (f" ({run['reason']})" if run["reason"] else "")
-        console.print(f"\n[bold]{mode}[/] at {when}: {escape(verdict)}", highlight=False)
-        if not run["streams"]:
-            _indented("no stream named (this measure records none)")
-        for stream in run["streams"]:
-            # One line each, never wrapped: a command to copy.
-            console.print(f"  {stream['trace']}", soft_wrap=True, highlight=False,
-                          markup=False)
-        if run["streams"] and not run["traced"]:
-            _indented("(the lab was up without --tracing: `streamlab trace` needs a lab up "
-                      "with `streamlab up --tracing`, and the run again)")
-
-
-def _indented(line: str) -> None:
-    # Indented as a whole, wrapped lines too, so each item stands out under its mode.
-    console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
-
-
-def _setup_lines(setup: dict[str, Any]) -> list[str]:
-    """The setup's toxics one per line, then its other settings on one line."""
-    toxics = setup.pop("toxics", None) or []
-    lines = []
-    for toxic in toxics if isinstance(toxics, list) else []:
-        attributes = " ".join(f"{k}={v}" for k, v in (toxic.get("attributes") or {}).items())
-        lines.append(f"toxic on {toxic['hop']}: {toxic['type']} {toxic.get('stream', '')} "
-                     f"{attributes}".rstrip())
-    knobs = setup.pop("knobs", None) or {}
-    settings = [f"{k}={v}" for k, v in setup.items()]
-    settings += [f"{k}={v}" for k, v in (knobs.items() if isinstance(knobs, dict) else [])]
-    return [*lines, " ".join(settings)]
+    else:
+        print_last_runs(doc, console)
 
 
 def _plot_extra(plot: Path | None) -> Path | None:
@@ -307,7 +256,7 @@ def run_command(
     if as_json:
         print_json(report.as_json())
     elif name == "all" or shuffle or repeat > 1:
-        print_summary(report)
+        print_plan_summary(report, console)
     if not report.as_expected:
         raise typer.Exit(EXIT_UNEXPECTED)
 
@@ -361,82 +310,24 @@ class Progress:
         scenario = get(report.experiment)
         if self.per_run:
             if report.status == "ran":
-                print_reports(scenario, [report], self.all_figures)
+                self._show(scenario, [report])
             return
         self.pending.append(report)
         if len(self.pending) == self.modes:  # the scenario's modes side by side
             ran = [r for r in self.pending if r.status == "ran"]
             if ran:
-                print_reports(scenario, ran, self.all_figures)
+                self._show(scenario, ran)
             self.pending = []
 
-
-def verdict_markup(report: Report) -> str:
-    """One run's verdict, coloured: skipped and errors with their reason."""
-    if report.status == "skipped":
-        return f"[yellow]skipped[/]: {report.reason}"
-    if report.status == "error":
-        return f"[bold red]ERROR[/]: {report.reason}"
-    colour = "green" if report.as_expected else "bold red"
-    return f"[{colour}]{report.verdict}[/]"
+    def _show(self, scenario: Scenario, reports: list[Report]) -> None:
+        console.print(scenario_table(f"{scenario.name}: {scenario.summary}", scenario.shown,
+                                     reports, self.all_figures))
 
 
-def print_summary(report: Report) -> None:
-    seed = report.figures.get("seed")
-    table = Table("#", "repeat", "scenario", "mode", "verdict",
-                  title="summary" + (f" (--seed {seed})" if seed is not None else ""),
-                  title_justify="left")
-    number = 0
-    for repeat, part in enumerate(report.parts, 1):
-        for run in part.parts:
-            number += 1
-            table.add_row(str(number), str(repeat), run.experiment, run.variant,
-                          verdict_markup(run))
-    console.print(table)
-    figures = report.figures
-    console.print(f"{figures['as_expected']} as expected, {figures['unexpected']} unexpected, "
-                  f"{figures['skipped']} skipped, of {figures['runs']} runs"
-                  + (f"; replay this order with --seed {seed}" if seed is not None else ""))
-
-
-def _format(value: Figure) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
-def print_reports(scenario: Scenario, reports: list[Report], all_figures: bool) -> None:
-    table = Table(title=f"{scenario.name}: {scenario.summary}", title_justify="left")
-    table.add_column("figure")
-    for report in reports:
-        table.add_column(report.variant)
-    checked = [c.check.figure for r in reports for c in r.checks]
-    names = list(dict.fromkeys([*scenario.shown, *checked]))  # ordered, no repeats
-    if all_figures or not names:
-        names += sorted({k for r in reports for k in r.figures} - set(names))
-    for figure in names:
-        table.add_row(figure, *(_format(r.figures.get(figure)) for r in reports))
-    table.add_section()
-    table.add_row("setup", *(r.story for r in reports))
-    table.add_row("expected", *("\n".join(
-        f"{'[green]✓[/]' if c.holds else '[red]✗[/]'} {c.description}" for c in r.checks)
-        for r in reports))
-    table.add_row("verdict", *(
-        f"[green]{r.verdict}[/]" if r.as_expected else f"[bold red]{r.verdict}[/]"
-        for r in reports))
-    if any(r.artifacts for r in reports):
-        table.add_row("files", *("\n".join(f"{a.title}: {a.path}" for a in r.artifacts)
-                                 for r in reports))
-    console.print(table)
-
-
-MATRIX_EXIT_CODES = ("Exit status: 0 every cell measured (and your --proxy-config breaks no "
-                     "stream); 1 a cell not measured (a lab that did not come up, a probe "
-                     "that crashed), or your config breaks a stream; 2 usage.")
+MATRIX_EXIT_CODES = ("Exit status: 0 every cell measured and as expected where it must be; 1 "
+                     "a cell not measured (a lab that did not come up, a probe that "
+                     "crashed), your --proxy-config fails a check, or a ready form fails "
+                     "the checks its proxy's fix should make hold; 2 usage.")
 
 
 @app.command("matrix", epilog=MATRIX_EXIT_CODES)
@@ -463,9 +354,11 @@ def matrix_command(
 
     For each proxy, a lab of its own on free ports, every edge probe in it
     (out of the box, then streaming-ready; or your --proxy-config as it is),
-    the lab down again; then the matrix: proxy x failure, broken or not, the
-    figures, the directive that fixes it. Exits 1 if a cell could not be
-    measured, or your config breaks a stream."""
+    the lab down again; then the matrix: proxy x failure, each cell the
+    probe's checks judged (as expected or UNEXPECTED), the figures, the
+    directive that fixes it. Exits 1 if a cell could not be measured, your
+    config fails a check, or a proxy's fix does not make the checks that
+    failed out of the box hold (they do not discriminate)."""
     from streamlab.experiments.scenarios import edge_matrix, edge_probes
     from streamlab.lab.proxies import PROXY_NAMES
 
@@ -501,16 +394,17 @@ def matrix_command(
         print(edge_matrix.markdown(matrix), end="")
     else:
         print_matrix(matrix)
-    yours_broken = any("yours" in row.forms for row in matrix.rows) and any(
-        cell.broken for row in matrix.rows for by_form in row.cells.values()
-        for cell in by_form.values())
-    if not matrix.measured or yours_broken:
+    for proxy_name, probe_name in matrix.undiscriminating:
+        err.print(f"[red]{escape(proxy_name)} {escape(probe_name)}: the ready form fails the "
+                  "checks that failed out of the box[/]")
+    if not matrix.measured or matrix.yours_broken or matrix.undiscriminating:
         raise typer.Exit(EXIT_UNEXPECTED)
 
 
 def print_matrix(matrix: Any) -> None:
     """The matrix as a table: a row per failure and proxy."""
-    from streamlab.experiments.scenarios.edge_matrix import rows_for_table
+    from streamlab.experiments.render import colour, summary
+    from streamlab.experiments.scenarios.edge_matrix import rows_for_table, shown
 
     yours = any("yours" in row.forms for row in matrix.rows)
     table = Table("failure", "proxy", "your config" if yours else "out of the box",
@@ -519,11 +413,7 @@ def print_matrix(matrix: Any) -> None:
                                           " (ready: the lab's streaming-ready config)"),
                   title_justify="left", show_lines=True)
     for failure, name, first, ready, fix in rows_for_table(matrix):
-        def coloured(text: str) -> str:
-            colour = "red" if text.startswith("broken") else "green" if text.startswith("ok") \
-                else "yellow"
-            return f"[{colour}]{escape(text)}[/]"
-
-        table.add_row(failure, name, coloured(first), *(() if yours else (coloured(ready),)),
-                      escape(fix))
+        cells = [f"[{colour(r)}]{escape(summary(r, shown(failure)))}[/]" for r in (first, ready)
+                 if r is not None]
+        table.add_row(failure, name, *cells, escape(fix))
     console.print(table)

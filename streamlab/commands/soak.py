@@ -11,8 +11,9 @@ from rich.progress import Progress
 
 from streamlab.commands.completion import complete_broken
 from streamlab.commands.conventions import fail
-from streamlab.commands.exits import EXIT_CODES, EXIT_USAGE, experiment_exits, reach, verdict_exit
+from streamlab.commands.exits import EXIT_CODES, experiment_exits, reach, verdict_exit
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
+from streamlab.exit_codes import EXIT_USAGE
 from streamlab.experiments.render import show
 from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN

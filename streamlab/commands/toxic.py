@@ -32,15 +32,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from streamlab.commands.completion import complete_hops, complete_toxic_names, complete_toxic_types
-from streamlab.commands.conventions import (
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    AsJson,
-    fail,
-    print_json,
-    split_list,
-)
+from streamlab.commands.conventions import AsJson, fail, print_json, split_list
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.local import find_toxiproxy
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import (

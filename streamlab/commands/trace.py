@@ -13,8 +13,9 @@ from typing import Annotated
 import httpx
 import typer
 
-from streamlab.commands.conventions import EXIT_UNREACHABLE, EXIT_USAGE, AsJson, fail, print_json
+from streamlab.commands.conventions import AsJson, fail, print_json
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
+from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.local import Lab
 from streamlab.lab.trace_timeline import collect
 

@@ -19,6 +19,7 @@ table, JSON or a plot. No experiment hands a dict of unknown shape to another.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,27 @@ from streamlab.experiments.timing import Timing
 JSON: TypeAlias = "str | int | float | bool | list[JSON] | dict[str, JSON] | None"
 Figure: TypeAlias = float | int | bool | str | None
 Figures: TypeAlias = dict[str, Figure]
+
+
+def figure_text(value: Figure) -> str:
+    """One figure as plain text: '-' for nothing measured, a whole number without
+    decimals, few digits for small numbers, thousands separated from 10,000.
+    Here, not in render.py: a check's reason and the verdicts' words in --json
+    and the JUnit use it, below the renderer."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        if abs(value) >= 10_000:
+            return f"{value:,.0f}"
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return value
+
 
 Op = Literal["<", "<=", ">", ">=", "==", "!="]
 # Comparisons of figures whose types the check cannot know in advance: a

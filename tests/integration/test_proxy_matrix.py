@@ -1,7 +1,8 @@
 """The proxy matrix's probes (streamlab/experiments/scenarios/edge_probes.py)
 against real labs: a representative slice, nginx and HAProxy x five fast
-probes, each shown breaking on the proxy's out-of-the-box form and passing on
-the streaming-ready one where the two differ, a user config whose idle
+probes, each probe's checks shown failing on the proxy's out-of-the-box form
+and holding on the streaming-ready one where the two differ (the checks
+discriminate), a user config whose idle
 timeout cuts a pause reported with its directive, and nginx's reload, cut by
 a short hard stop and drained by the lab's config. `make proxy-matrix` runs
 the whole matrix (docs/proxy-matrix.md).
@@ -25,7 +26,8 @@ pytestmark = [
 
 SLICE = ("compression", "websocket", "client-address", "idle-cut", "client-leaves")
 # What each probe measures, per proxy, out of the box and streaming-ready
-# (docs/proxy-matrix.md has the full run): True where the stream broke.
+# (docs/proxy-matrix.md has the full run): True where the stream broke (the
+# probe's checks did not hold: UNEXPECTED).
 EXPECTED: dict[str, dict[str, tuple[bool, bool]]] = {
     "nginx": {"compression": (True, False), "websocket": (True, False),
               "client-address": (True, False), "idle-cut": (True, False),
@@ -66,16 +68,19 @@ async def test_each_probe_breaks_where_the_proxy_does_and_not_where_it_is_fixed(
     measured = row(slice_matrix, proxy)
     assert not measured.error, measured.error
     cells = measured.cells[probe]
-    broken = (cells["default"].broken, cells["ready"].broken)
+    broken = (not cells["default"].as_expected, not cells["ready"].as_expected)
     assert broken == EXPECTED[proxy][probe], (probe, proxy, cells)
+    # The ready form carries the checks judged out of the box: they discriminate there.
+    assert cells["ready"].discriminates == EXPECTED[proxy][probe][0]
 
 
 async def test_the_slice_is_measured_and_renders(slice_matrix: Matrix) -> None:
     assert slice_matrix.measured
+    assert slice_matrix.undiscriminating == []
     text = markdown(slice_matrix)
     assert text.count("### ") == len(SLICE)
     # nginx's gzip lump, with the directive that fixes it.
-    assert "| nginx | broken (content_encoding gzip" in text
+    assert "| nginx | UNEXPECTED (content_encoding gzip" in text
 
 
 async def test_a_user_config_whose_idle_timeout_is_shorter_than_the_pause_is_named(
@@ -90,14 +95,15 @@ async def test_a_user_config_whose_idle_timeout_is_shorter_than_the_pause_is_nam
     matrix = await run_matrix(["haproxy"], [get_probe("idle-cut")], user_config=config,
                               say=lambda line: None)
     cell = matrix.rows[0].cells["idle-cut"]["yours"]
-    assert cell.broken is True, cell
+    assert cell.verdict == "UNEXPECTED", cell
     assert cell.figures["pause_s"] == 2.0
-    assert "`timeout server` 1 s (line 5)" in cell.note
+    assert "`timeout server` 1 s (line 5)" in cell.story
+    assert matrix.yours_broken
     # The same config with a timeout longer than the pause keeps the stream.
     config.write_text(config.read_text().replace("timeout server 1s", "timeout server 30s"))
     matrix = await run_matrix(["haproxy"], [get_probe("idle-cut")], user_config=config,
                               say=lambda line: None)
-    assert matrix.rows[0].cells["idle-cut"]["yours"].broken is False
+    assert matrix.rows[0].cells["idle-cut"]["yours"].as_expected
 
 
 async def test_a_reload_with_a_short_hard_stop_cuts_the_streams_the_lab_config_drains() -> None:
@@ -107,10 +113,10 @@ async def test_a_reload_with_a_short_hard_stop_cuts_the_streams_the_lab_config_d
     require_installed("nginx")
     matrix = await run_matrix(["nginx"], [get_probe("reload")], say=lambda line: None)
     ready = matrix.rows[0].cells["reload"]["ready"]
-    assert ready.broken is False, ready
+    assert ready.as_expected, ready
     assert ready.figures["whole"] == ready.figures["streams"]
     assert ready.figures["hard_stop_1s_cut"] == ready.figures["streams"]
     # nginx's own default (no bound) drains as well: the old worker goes as the streams end.
     default = matrix.rows[0].cells["reload"]["default"]
-    assert default.broken is False, default
+    assert default.as_expected, default
     assert default.figures["old_workers_gone_after_s"] is not None

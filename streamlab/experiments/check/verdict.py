@@ -12,17 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
+from streamlab.exit_codes import EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.experiments.check.registry import REGISTRY
-from streamlab.experiments.render import cell
-from streamlab.experiments.report import JSON, Check, Figure, Report, Table, judge
+from streamlab.experiments.report import JSON, Check, Figure, Report, Table, figure_text, judge
 
 Verdict = Literal["pass", "fail", "n/a", "error"]
 EXPERIMENT = "check"
 # The --json document's shape: raised when a field changes meaning or goes.
 SCHEMA = "streamlab.check/2"
-
-# Exit statuses of `streamlab check`.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 def judged(name: str, story: str, figures: Mapping[str, Figure], checks: Iterable[Check]) -> Report:
@@ -51,7 +48,7 @@ def evidence(part: Report) -> str:
     if part.status != "ran":
         return part.reason
     failed = [c for c in part.checks if not c.holds]
-    return "; ".join(f"{c.description} (measured {cell(c.measured)})" for c in failed)
+    return "; ".join(f"{c.description} (measured {figure_text(c.measured)})" for c in failed)
 
 
 def fix(part: Report) -> str:
@@ -74,7 +71,7 @@ def headline(part: Report) -> str:
     them are in --json and the JUnit)."""
     spec = REGISTRY.get(part.variant)
     names = spec.headline if spec is not None else ()
-    return ", ".join(f"{name} {cell(part.figures[name])}" for name in names
+    return ", ".join(f"{name} {figure_text(part.figures[name])}" for name in names
                      if name in part.figures)
 
 
@@ -87,7 +84,8 @@ def table(parts: Iterable[Report]) -> Table:
 
 def exit_status(report: Report) -> int:
     """0 when every check passed or is n/a, 1 when one failed or errored."""
-    return EXIT_OK if all(verdict(p) in ("pass", "n/a") for p in report.parts) else EXIT_FAILED
+    return (EXIT_AS_EXPECTED if all(verdict(p) in ("pass", "n/a") for p in report.parts)
+            else EXIT_UNEXPECTED)
 
 
 def document(report: Report | None, *, url: str, model: str = "",
@@ -103,7 +101,7 @@ def document(report: Report | None, *, url: str, model: str = "",
             "fix": fix(part) if verdict(part) == "fail" else "",
             "figures": dict(part.figures), "checks": [c.as_json() for c in part.checks]})
     exit_code = (EXIT_USAGE if error and error[0] == "usage" else
-                 EXIT_UNREACHABLE if error else exit_status(report) if report else EXIT_FAILED)
+                 EXIT_UNREACHABLE if error else exit_status(report) if report else EXIT_UNEXPECTED)
     counts = {v: sum(c["verdict"] == v for c in checks if isinstance(c, dict))
               for v in ("pass", "fail", "n/a", "error")}
     hop = report.figures.get("hop") if report is not None else None

@@ -7,8 +7,15 @@ the box and streaming-ready, or a user's own config as it is.
     markdown(matrix)           the table docs/proxy-matrix.md holds
     plot(matrix, path)         a coloured grid (matplotlib, the `plot` extra)
 
-A cell's verdict: "broken" (the probe saw the failure), "ok", or "-" (not
-measured: the note says why). docs/proxy-matrix.md has the full run.
+A cell is the probe's Report for one form (edge_probes.Probe.run): its checks
+judged on its figures, in the words of every Report ("as expected",
+"UNEXPECTED", "error" with the reason), drawn by render.py. The checks are
+shown to discriminate as the scenarios' are (runner.py): the ready form's
+Report carries them judged on the out-of-box figures (its other_checks, so
+Report.discriminates: they fail out of the box). Where they fail there and
+the proxy names a directive that fixes it, they must hold on the ready form,
+or the run is not as expected (`undiscriminating`). docs/proxy-matrix.md has
+the full run.
 """
 
 from __future__ import annotations
@@ -19,20 +26,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
 
-from streamlab.experiments.report import JSON
+from streamlab.experiments.render import colour, summary
+from streamlab.experiments.report import JSON, Figures, Report, judge
 from streamlab.experiments.scenarios.edge_probes import (
     FORMS,
     PROBES,
-    Cell,
     Form,
     Probe,
     ProbeContext,
+    fix_of,
     user_config_text,
 )
 from streamlab.experiments.scenarios.replica_lab import (
@@ -44,7 +52,7 @@ from streamlab.experiments.scenarios.replica_lab import (
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
 from streamlab.lab.processes import StartError
-from streamlab.lab.proxies import edge_proxy
+from streamlab.lab.proxies import PROXY_NAMES, edge_proxy, proxy_class
 
 # The matrix lab's services: enough engine slots and per-client streams for
 # the ceiling's ramp, answers long enough for the slow reader's flood, and
@@ -69,13 +77,19 @@ class ProxyRow:
     proxy: str
     version: str
     forms: tuple[Form, ...]
-    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)  # probe -> form -> cell
+    cells: dict[str, dict[str, Report]] = field(default_factory=dict)  # probe -> form -> Report
     config: str | None = None  # the user's config file, when it ran one
     error: str = ""  # the lab did not come up
 
+    def report(self, probe: str, form: Form) -> Report:
+        """A cell; an error Report where the lab did not come up (its headline)."""
+        reason = headline(self.error) if self.error else "not measured"
+        return self.cells.get(probe, {}).get(form) or Report(probe, form, status="error",
+                                                              reason=reason)
+
     def as_json(self) -> dict[str, JSON]:
         cells: dict[str, JSON] = {
-            probe: {form: cell.as_json() for form, cell in by_form.items()}
+            probe: {form: report.as_json() for form, report in by_form.items()}
             for probe, by_form in self.cells.items()}
         forms: list[JSON] = list(self.forms)
         return {"proxy": self.proxy, "version": self.version, "forms": forms,
@@ -83,28 +97,55 @@ class ProxyRow:
 
     @classmethod
     def from_json(cls, data: dict[str, JSON]) -> ProxyRow:
+        """A saved row, its cells judged again on their figures."""
         cells_json = data.get("cells")
-        cells: dict[str, dict[str, Cell]] = {}
-        for probe, by_form in (cells_json.items() if isinstance(cells_json, dict) else []):
-            if not isinstance(by_form, dict):
-                continue
-            cells[probe] = {}
-            for form, cell in by_form.items():
-                if isinstance(cell, dict):
-                    broken = cell.get("broken")
-                    figures = cell.get("figures")
-                    cells[probe][form] = Cell(
-                        broken if isinstance(broken, bool) else None,
-                        {k: v for k, v in figures.items()
-                         if isinstance(v, (str, int, float, bool)) or v is None}
-                        if isinstance(figures, dict) else {},
-                        str(cell.get("note") or ""))
+        probes = {p.name: p for p in PROBES}
+        cells: dict[str, dict[str, Report]] = {}
+        for name, by_form in (cells_json.items() if isinstance(cells_json, dict) else []):
+            probe = probes.get(name)
+            if probe is not None and isinstance(by_form, dict):
+                cells[name] = proven(probe, {form: saved(probe, form, cell)
+                                             for form, cell in by_form.items()
+                                             if isinstance(cell, dict)})
         forms = data.get("forms")
         config = data.get("config")
         return cls(str(data["proxy"]), str(data.get("version") or ""),
                    tuple(f for f in ("default", "ready", "yours")
                          if isinstance(forms, list) and f in forms),
                    cells, str(config) if config else None, str(data.get("error") or ""))
+
+
+def saved(probe: Probe, form: str, data: dict[str, JSON]) -> Report:
+    """A cell's Report from its JSON (Report.as_json), its checks judged again."""
+    figures_json = data.get("figures")
+    figures: Figures = {k: v for k, v in figures_json.items()
+                        if isinstance(v, (str, int, float, bool)) or v is None
+                        } if isinstance(figures_json, dict) else {}
+    status = data.get("status")
+    if status not in ("skipped", "error"):
+        return Report(probe.name, form, str(data.get("story") or data.get("note") or ""),
+                      figures, judge(probe.checks, figures))
+    return Report(probe.name, form, figures=figures, status="error" if status == "error"
+                  else "skipped", reason=str(data.get("reason") or ""))
+
+
+def proven(probe: Probe, by_form: Mapping[str, Report]) -> dict[str, Report]:
+    """The forms' Reports, the ready one with the probe's checks judged on the
+    out-of-box figures as its other_checks (when both ran): Report.discriminates
+    then says the checks fail out of the box, as a scenario's other mode's
+    checks must fail on its figures; with its own checks holding, the checks
+    tell the broken form from the fixed one."""
+    out = dict(by_form)
+    default, ready = out.get("default"), out.get("ready")
+    if default is not None and ready is not None and "ran" == default.status == ready.status:
+        out["ready"] = replace(ready, other_checks=judge(probe.checks, default.figures))
+    return out
+
+
+def names_a_fix(probe: str, proxy: str) -> bool:
+    """Whether the proxy has a directive that fixes the probe's failure (its
+    fix is not "none needed" nor "none: ..."): its ready form applies it."""
+    return not (fix_of(probe, proxy) or "none").startswith("none")
 
 
 @dataclass
@@ -117,10 +158,14 @@ class Matrix:
     def as_json(self) -> dict[str, JSON]:
         probes: list[JSON] = list(self.probes)
         rows: list[JSON] = [row.as_json() for row in self.rows]
-        fixes: dict[str, JSON] = {p.name: dict(p.fix) for p in PROBES if p.name in self.probes}
+        fixes: dict[str, JSON] = {probe: {proxy: fix_of(probe, proxy) for proxy in PROXY_NAMES}
+                                  for probe in self.probes}
         failures: dict[str, JSON] = {p.name: p.failure for p in PROBES if p.name in self.probes}
+        undiscriminating: list[JSON] = [f"{proxy} {probe}"
+                                        for proxy, probe in self.undiscriminating]
         return {"started": self.started, "took_s": round(self.took_s, 1), "probes": probes,
-                "failures": failures, "fixes": fixes, "rows": rows}
+                "failures": failures, "fixes": fixes, "undiscriminating": undiscriminating,
+                "rows": rows}
 
     @classmethod
     def from_json(cls, data: dict[str, JSON]) -> Matrix:
@@ -133,46 +178,48 @@ class Matrix:
                    str(data.get("started") or ""),
                    float(took) if isinstance(took, (int, float)) else 0.0)
 
+    def cells(self) -> Iterator[tuple[ProxyRow, str, dict[str, Report]]]:
+        """(row, probe, the probe's Reports by form) for each row and the matrix's probes."""
+        return ((row, probe, row.cells.get(probe, {})) for row in self.rows
+                for probe in self.probes)
+
     @property
     def measured(self) -> bool:
         """Every cell measured (no lab failed, no probe crashed)."""
-        return all(not row.error and all(cell.broken is not None or cell.note
-                                         for by_form in row.cells.values()
-                                         for cell in by_form.values())
-                   for row in self.rows)
+        return not any(row.error for row in self.rows) and all(
+            report.status == "ran" for _, _, by_form in self.cells()
+            for report in by_form.values())
 
+    @property
+    def undiscriminating(self) -> list[tuple[str, str]]:
+        """(proxy, probe) where the checks failed out of the box, the proxy names
+        the directive that fixes it, and the ready form still fails them: the
+        fix did not fix it, or the checks cannot tell the two forms apart."""
+        return [(row.proxy, name) for row, name, by_form in self.cells()
+                if (ready := by_form.get("ready")) is not None and ready.other_checks
+                and ready.discriminates and not ready.as_expected
+                and names_a_fix(name, row.proxy)]
 
-def verdict(cell: Cell | None) -> str:
-    if cell is None or cell.broken is None:
-        return "-"
-    return "broken" if cell.broken else "ok"
+    @property
+    def yours_broken(self) -> bool:
+        """A user's config failed a probe's checks."""
+        return any(not report.as_expected for row, _, by_form in self.cells()
+                   if "yours" in row.forms for report in by_form.values())
 
 
 def proxy_version(name: str) -> str:
-    """The proxy's own version line (`nginx -v`, `haproxy -v`, ...)."""
+    """The proxy's own version line (its class's version_command)."""
     try:
         binary = edge_proxy(name).find()
     except (FileNotFoundError, StartError):
         return "not installed"
-    flag = {"nginx": ["-v"], "haproxy": ["-v"], "caddy": ["version"],
-            "traefik": ["version"]}[name]
+    proxy = proxy_class(name)
     try:
-        done = subprocess.run([binary, *flag], capture_output=True, text=True, timeout=10,
-                              check=False)
+        done = subprocess.run(proxy.version_command(binary), capture_output=True, text=True,
+                              timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    text = (done.stdout + done.stderr).strip().splitlines()
-    if name == "traefik":  # "Version:      3.7.15" among other lines
-        text = [line for line in text if line.lower().startswith("version")] or text
-    return " ".join(text[0].split()) if text else "unknown"
-
-
-async def run_probe(probe: Probe, ctx: ProbeContext, form: Form) -> Cell:
-    """One probe in one form; a crash is a cell not measured, with its reason."""
-    try:
-        return await probe.measure(ctx, form)
-    except Exception as exc:  # a probe's crash is its cell's, not the matrix's end
-        return Cell(None, {}, f"probe crashed: {type(exc).__name__}: {exc}"[:200])
+    return proxy.version_line(done.stdout + done.stderr)
 
 
 async def run_proxy(name: str, probes: Sequence[Probe], *, user_config: Path | None = None,
@@ -207,14 +254,13 @@ async def run_proxy(name: str, probes: Sequence[Probe], *, user_config: Path | N
     try:
         ctx = ProbeContext(lab, name, user_config_text(lab))
         for probe in probes:
-            row.cells[probe.name] = {}
+            by_form: dict[str, Report] = {}
             for form in forms:
                 started = time.monotonic()
-                cell = await run_probe(probe, ctx, form)
-                row.cells[probe.name][form] = cell
-                say(f"{name}: {probe.name} {form}: {verdict(cell)}"
-                    f"{' (' + cell.note + ')' if cell.note else ''} "
+                by_form[form] = await probe.run(ctx, form)
+                say(f"{name}: {probe.name} {form}: {summary(by_form[form])} "
                     f"({time.monotonic() - started:.0f} s)")
+            row.cells[probe.name] = proven(probe, by_form)
     finally:
         await anyio.to_thread.run_sync(lambda: lab.down(grace_s=2.0))
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -251,44 +297,22 @@ def stderr_say(line: str) -> None:
 
 # ---- rendering ---------------------------------------------------------------------
 
-def cell_text(cell: Cell | None, shown: Sequence[str]) -> str:
-    """`broken` / `ok`, then the probe's own figures (those it shows first)."""
-    if cell is None:
-        return "-"
-    figures = ", ".join(f"{k} {_fmt(cell.figures[k])}" for k in shown if k in cell.figures)
-    text = verdict(cell) + (f" ({figures})" if figures else "")
-    return text + (f"; {cell.note}" if cell.note else "")
-
-
-def _fmt(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def rows_for_table(matrix: Matrix) -> list[tuple[str, str, str, str, str]]:
+def rows_for_table(matrix: Matrix) -> list[tuple[str, str, Report, Report | None, str]]:
     """(probe, proxy, out of the box / yours, streaming-ready, fixing directive)
-    per probe and proxy, in the matrix's order."""
+    per probe and proxy, in the matrix's order; render.summary writes a cell."""
     lines = []
-    shown = {p.name: p.shown for p in PROBES}
-    fixes = {p.name: p.fix for p in PROBES}
     for probe in matrix.probes:
         for row in matrix.rows:
-            if row.error:
-                lines.append((probe, row.proxy, f"- ({headline(row.error)})", "-", ""))
-                continue
-            by_form = row.cells.get(probe, {})
             first: Form = "yours" if "yours" in row.forms else "default"
-            first_cell = by_form.get(first)
-            ready = "" if first == "yours" else cell_text(by_form.get("ready"),
-                                                          shown.get(probe, ()))
-            lines.append((probe, row.proxy, cell_text(first_cell, shown.get(probe, ())), ready,
-                          fixes.get(probe, {}).get(row.proxy, "")))
+            ready = None if first == "yours" else row.report(probe, "ready")
+            lines.append((probe, row.proxy, row.report(probe, first), ready,
+                          fix_of(probe, row.proxy)))
     return lines
+
+
+def shown(probe: str) -> tuple[str, ...]:
+    """The figures a cell shows of `probe`."""
+    return next((p.shown for p in PROBES if p.name == probe), ())
 
 
 def markdown(matrix: Matrix) -> str:
@@ -304,26 +328,24 @@ def markdown(matrix: Matrix) -> str:
         out += [f"### {probe}", "", failures.get(probe, "") + ".", "",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, proxy, first, ready, fix in lines:
-            if name != probe:
-                continue
-            cells = [proxy, first, fix] if yours else [proxy, first, ready, fix]
-            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            if name == probe:
+                cells = [proxy, *(summary(r, shown(probe)) for r in (first, ready) if r), fix]
+                out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     return "\n".join(out)
 
 
-# Grid colours: broken red, ok green, not measured grey.
-COLOURS = {"broken": "#d62728", "ok": "#2ca02c", "-": "#bbbbbb"}
+# Grid colours (render.colour): as expected, not, not measured.
+COLOURS = {"green": "#2ca02c", "red": "#d62728", "yellow": "#bbbbbb"}
 
 
-def grid(matrix: Matrix) -> tuple[list[str], list[str], list[list[str]]]:
-    """(row labels: probes; column labels: proxy x form; verdicts)."""
+def grid(matrix: Matrix) -> tuple[list[str], list[str], list[list[Report]]]:
+    """(row labels: probes; column labels: proxy x form; the cells' Reports)."""
     columns = [(row, form) for row in matrix.rows for form in row.forms]
     labels = [f"{row.proxy}\n{'out of the box' if form == 'default' else form}"
               for row, form in columns]
-    verdicts = [[verdict(row.cells.get(probe, {}).get(form)) if not row.error else "-"
-                 for row, form in columns] for probe in matrix.probes]
-    return list(matrix.probes), labels, verdicts
+    return list(matrix.probes), labels, [[row.report(probe, form) for row, form in columns]
+                                         for probe in matrix.probes]
 
 
 def plot(matrix: Matrix, path: Path) -> Path:
@@ -334,17 +356,18 @@ def plot(matrix: Matrix, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
 
-    probes, labels, verdicts = grid(matrix)
-    image = [[to_rgb(COLOURS[v]) for v in line] for line in verdicts]
+    probes, labels, reports = grid(matrix)
+    image = [[to_rgb(COLOURS[colour(r)]) for r in line] for line in reports]
     figure, axes = plt.subplots(figsize=(1.3 * max(1, len(labels)) + 2,
                                          0.5 * max(1, len(probes)) + 1.5))
     axes.imshow(image, aspect="auto")
     axes.set_xticks(range(len(labels)), labels, fontsize=8)
     axes.set_yticks(range(len(probes)), probes, fontsize=9)
     axes.xaxis.tick_top()
-    for y, line in enumerate(verdicts):
-        for x, value in enumerate(line):
-            axes.text(x, y, value, ha="center", va="center", fontsize=8, color="white")
+    for y, line in enumerate(reports):
+        for x, report in enumerate(line):
+            axes.text(x, y, report.verdict, ha="center", va="center", fontsize=8,
+                      color="white")
     axes.set_title(f"streamlab proxy matrix {matrix.started}", fontsize=10, pad=36)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Edge probes: does this proxy, as configured, break a token stream?
 
-Each probe measures one failure on any of the lab's four edge proxies (nginx,
-HAProxy, Caddy, Traefik) in two forms, and says per form whether the stream
-broke, with the figures:
+Each probe measures one failure on any of the lab's edge proxies
+(streamlab/lab/proxies/) in two forms, and judges each form's figures with
+the probe's checks (what a whole stream looks like): a Report per form, in the
+vocabulary of every other experiment (report.py):
 
     default  the proxy out of the box: its `/buffered/` location (or, for the
              reload and ceiling probes, its config less the directive that
@@ -28,8 +29,11 @@ broke, with the figures:
     ceiling          how many concurrent streams the config admits (a bounded
                      ramp) before it refuses or queues
 
-FIXES names, per probe and proxy, the proxy's own directive that fixes it; a
-verdict in the matrix (edge_matrix.py) quotes it.
+Each proxy's class names, per probe, its own directive that fixes it
+(`probe_fixes`; `fix_of`), and the directives the reload and ceiling probes
+remove (`reload_bound`, `ceiling_pattern`); the matrix (edge_matrix.py) quotes
+the fix. A probe that cannot measure (no job to ask for, a request the engine
+never saw) raises: its Report is an error, with the reason.
 """
 
 from __future__ import annotations
@@ -37,30 +41,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import httpx
 import psutil
 
-from services.client.openai_stream import chat_body, stream_chat
+from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.silent import open_silent_reader
 from streamlab.experiments.generation_end import state_name, wait_for_end
-from streamlab.experiments.report import JSON, Figures
+from streamlab.experiments.report import JSON, Check, Figures, Report, judge
 from streamlab.experiments.scenarios.measures import websocket_chat
 from streamlab.experiments.scenarios.model import Setup, note_stream
 from streamlab.experiments.timing import Timing
 from streamlab.lab.local import Lab
 from streamlab.lab.processes import wait_until
+from streamlab.lab.proxies import PROXIES
 from streamlab.lab.proxies.idle import cuts_streams, fill, idle_timeouts
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
-from streamlab_protocol.sse import Comment, SSEDecoder
 
 Form = Literal["default", "ready", "yours"]
 FORMS: tuple[Form, ...] = ("default", "ready")
@@ -73,14 +76,14 @@ PAUSE_S, HEARTBEAT_S = 3.0, 0.5
 # A silent prefill the client leaves during, and when it leaves.
 SILENT_PREFILL_MS, LEAVE_AT_S = 3000, 0.3
 # The engine must hear of a leaving client within this, or the prefill ran for nobody.
-CANCEL_BOUND_MS = 1000.0
+CANCEL_BOUND_MS = 1000
 # A flood for the slow reader, written as fast as the engine can: longer than
 # every kernel buffer on the way holds (the hops' autotuned socket buffers grow
 # to megabytes on loopback: 30,000 tokens, ~6 MB, fit), so only a proxy that
 # buffers in its own memory or on disk takes it all.
 FLOOD_TOKENS = 100_000
 # Longer than the matrix lab's streaming idle timeout (edge_matrix.py), which
-# HAProxy's `/` uses as its client timeout, plus the time its buffers take to fill.
+# a proxy's `/` may use as its client timeout, plus the time its buffers take to fill.
 SLOW_READER_WINDOW_S = 20.0
 # Tokens still growing over the window's last seconds: the proxy reads on.
 STILL_GENERATING_S = 2.0
@@ -93,19 +96,6 @@ ADMIT_TIMEOUT_S = 8.0
 CEILING_HEARTBEAT_S = 2.0
 # The client addresses of the client-address probe (loopback is a /8 on Linux).
 CLIENT_A, CLIENT_B = "127.0.0.2", "127.0.0.3"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One probe in one form: broken or not (None: not measured, `note` says why)."""
-
-    broken: bool | None
-    figures: Figures = field(default_factory=dict)
-    note: str = ""
-
-    def as_json(self) -> dict[str, JSON]:
-        figures: dict[str, JSON] = dict(self.figures)
-        return {"broken": self.broken, "figures": figures, "note": self.note}
 
 
 @dataclass
@@ -125,7 +115,8 @@ class ProbeContext:
         return f"{self.base}{path.rstrip('/')}/v1/chat/completions"
 
 
-Measure = Callable[[ProbeContext, Form], Awaitable[Cell]]
+# A probe's measure: its figures, and a note on them ("" when none): the Report's story.
+Measure = Callable[[ProbeContext, Form], Awaitable[tuple[Figures, str]]]
 
 
 @dataclass(frozen=True)
@@ -133,12 +124,21 @@ class Probe:
     name: str
     failure: str  # what breaks, one line
     measure: Measure
-    # The proxy's own directive that fixes it, per proxy (FIXES).
-    fix: Mapping[str, str]
+    # What a whole stream looks like: every check holds where the proxy does not break it.
+    checks: tuple[Check, ...]
     # Fast enough for the CI slice (a few seconds per form).
     fast: bool = True
     # The figures a table shows first.
     shown: tuple[str, ...] = ()
+
+    async def run(self, ctx: ProbeContext, form: Form) -> Report:
+        """The probe in one form, judged; a crash is an error Report with its reason."""
+        try:
+            figures, note = await self.measure(ctx, form)
+        except Exception as exc:  # a probe's crash is its cell's, not the matrix's end
+            return Report(self.name, form, status="error",
+                          reason=f"{type(exc).__name__}: {exc}"[:200])
+        return Report(self.name, form, note, figures, judge(self.checks, figures))
 
 
 def default_path(probe: str, proxy: str) -> str:
@@ -156,102 +156,41 @@ def path_of(ctx: ProbeContext, probe: str, form: Form) -> str:
 
 # ---- timed streams (buffering, compression, idle cut, headers) ---------------------
 
-@dataclass
-class Timed:
-    status: int = 0
-    headers_s: float | None = None
-    first_byte_s: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    pings: int = 0
-    done: bool = False
-    error: str = ""
-    total_s: float = 0.0
-    content_encoding: str = ""
-    retried_after: str = ""  # the first try's error, when it was tried again
-
-    @property
-    def lump(self) -> bool:
-        """Everything at the end: the first byte late, the tokens bunched."""
-        if self.first_byte_s is None or len(self.token_times) < 2:
-            return False
-        spread = self.token_times[-1] - self.token_times[0]
-        return self.first_byte_s >= 0.8 * self.total_s and spread < 0.1 * self.total_s
-
-    def figures(self) -> Figures:
-        return {
-            "status": self.status,
-            "headers_s": _round(self.headers_s),
-            "first_byte_s": _round(self.first_byte_s),
-            "first_token_s": _round(self.token_times[0] if self.token_times else None),
-            "total_s": _round(self.total_s),
-            "tokens": len(self.token_times),
-            "token_spread_s": _round(self.token_times[-1] - self.token_times[0]
-                                     if len(self.token_times) > 1 else None),
-            "pings": self.pings,
-            "done": self.done,
-            "content_encoding": self.content_encoding or "none",
-            "error": self.error,
-            **({"retried_after": self.retried_after} if self.retried_after else {}),
-        }
+def stream_figures(result: StreamResult) -> Figures:
+    """A timed stream's figures, on the client's clock (httpx decodes gzip, so a
+    compressed stream's tokens are timed as they decode)."""
+    times = result.token_times
+    return {
+        "status": result.status,
+        "headers_s": _round(result.headers_s),
+        "first_byte_s": _round(result.first_byte_s),
+        "first_token_s": _round(result.ttft_s),
+        "total_s": _round(result.total_s),
+        "tokens": len(times),
+        "token_spread_s": _round(times[-1] - times[0] if len(times) > 1 else None),
+        "pings": len(result.ping_times),
+        "done": result.done,
+        "content_encoding": result.content_encoding or "none",
+        "error": result.error_text,
+    }
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-async def timed_stream(url: str, body: dict[str, JSON], *, gzip: bool = False,
-                       read_timeout_s: float = 20.0) -> Timed:
-    """One stream, timed on the client's clock: the headers, the first byte, each token.
-    httpx decodes gzip, so a compressed stream's tokens are timed as they decode."""
-    timed = Timed()
-    decoder = SSEDecoder()
+async def timed(url: str, body: dict[str, JSON], *, gzip: bool = False, retry: bool = True
+                ) -> tuple[StreamResult, Figures]:
+    """One stream (stream_chat), once more if the first try failed before a
+    byte came (a connection error, not what the probe looks at); the figure
+    that says so (`retried_after`), when it was."""
     headers = {"Accept-Encoding": "gzip" if gzip else "identity"}
-    started = time.perf_counter()
-    try:
-        async with (httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=5.0)) as http,
-                    http.stream("POST", url, json=body, headers=headers) as response):
-            timed.headers_s = time.perf_counter() - started
-            timed.status = response.status_code
-            timed.content_encoding = response.headers.get("content-encoding", "")
-            async for chunk in response.aiter_bytes():
-                now = time.perf_counter() - started
-                if timed.first_byte_s is None:
-                    timed.first_byte_s = now
-                for item in decoder.feed(chunk):
-                    if isinstance(item, Comment):
-                        timed.pings += item.text.startswith("ping")
-                    elif item.data == "[DONE]":
-                        timed.done = True
-                    elif has_content(item.data):
-                        timed.token_times.append(now)
-    except httpx.HTTPError as exc:
-        timed.error = type(exc).__name__
-    timed.total_s = time.perf_counter() - started
-    if not timed.done and not timed.error:
-        timed.error = "ended without [DONE]"
-    return timed
-
-
-async def timed_retried(url: str, body: dict[str, JSON], *, gzip: bool = False) -> Timed:
-    """timed_stream, once more if the first try failed before a byte came (a
-    connection error, not what the probe looks at); the figures say so."""
-    timed = await timed_stream(url, body, gzip=gzip)
-    if timed.error and timed.first_byte_s is None:
-        failed = timed.error
-        timed = await timed_stream(url, body, gzip=gzip)
-        timed.retried_after = failed
-    return timed
-
-
-def has_content(data: str) -> bool:
-    """A chunk that carries text (not the role's opening chunk, nor the finish)."""
-    try:
-        payload = json.loads(data)
-    except ValueError:
-        return False
-    choices = payload.get("choices") if isinstance(payload, dict) else None
-    return any(isinstance(c, dict) and isinstance(c.get("delta"), dict)
-               and bool(c["delta"].get("content")) for c in choices or [])
+    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0, connect=5.0)) as http:
+        result = await stream_chat(http, url, body, headers=headers)
+        if not retry or not result.error or result.first_byte_s is not None:
+            return result, {}
+        again = await stream_chat(http, url, body, headers=headers)
+    return again, {"retried_after": result.error_text}
 
 
 def stream_body(**extra: Any) -> dict[str, JSON]:
@@ -260,30 +199,30 @@ def stream_body(**extra: Any) -> dict[str, JSON]:
     return chat_body("probe", **pace)
 
 
-async def buffering(ctx: ProbeContext, form: Form) -> Cell:
-    timed = await timed_retried(ctx.completions(path_of(ctx, "buffering", form)), stream_body())
-    return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
+async def buffering(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
+    result, retried = await timed(ctx.completions(path_of(ctx, "buffering", form)), stream_body())
+    return {**stream_figures(result), "lump": result.lump, **retried}, ""
 
 
-async def compression(ctx: ProbeContext, form: Form) -> Cell:
-    timed = await timed_retried(ctx.completions(path_of(ctx, "compression", form)),
-                                stream_body(), gzip=True)
-    return Cell(timed.lump or not timed.done, {**timed.figures(), "lump": timed.lump})
+async def compression(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
+    result, retried = await timed(ctx.completions(path_of(ctx, "compression", form)),
+                                  stream_body(), gzip=True)
+    return {**stream_figures(result), "lump": result.lump, **retried}, ""
 
 
-async def headers_held(ctx: ProbeContext, form: Form) -> Cell:
+async def headers_held(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """A silent prefill (no pings): the gateway sends its headers at once; a
     proxy that holds them until the first body byte makes a client's
     time-to-headers its time-to-first-token."""
     body = stream_body(prefill_ms=1500)
-    timed = await timed_retried(ctx.completions(path_of(ctx, "headers-held", form)), body)
-    first = timed.token_times[0] if timed.token_times else None
-    held = (timed.headers_s is not None and first is not None
-            and timed.headers_s >= 0.8 * first)
-    return Cell(held or not timed.done, {**timed.figures(), "headers_held": held})
+    result, retried = await timed(ctx.completions(path_of(ctx, "headers-held", form)), body)
+    first = result.ttft_s
+    held = (result.headers_s is not None and first is not None
+            and result.headers_s >= 0.8 * first)
+    return {**stream_figures(result), "headers_held": held, **retried}, ""
 
 
-async def idle_cut(ctx: ProbeContext, form: Form) -> Cell:
+async def idle_cut(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """default: `/short-timeout/` (the lab's 2 s idle timeout), a silent pause
     longer; ready: the same pause with heartbeats. yours: `/`, silent, a pause
     longer than the config's shortest idle timeout, named when it cuts."""
@@ -301,26 +240,22 @@ async def idle_cut(ctx: ProbeContext, form: Form) -> Cell:
     body = stream_body(answer_tokens=5, pauses=[{"after_token": 1,
                                                   "pause_ms": int(pause_s * 1000)}],
                        heartbeat_s=heartbeat_s)
-    timed = await timed_stream(ctx.completions(path), body)
-    figures = {**timed.figures(), "pause_s": pause_s, "heartbeat_s": heartbeat_s}
-    cut = not timed.done
-    note = ("cut by " + ", ".join(named)) if cut and named else ""
-    return Cell(cut, figures, note)
+    result, _ = await timed(ctx.completions(path), body, retry=False)
+    figures = {**stream_figures(result), "pause_s": pause_s, "heartbeat_s": heartbeat_s}
+    return figures, ("cut by " + ", ".join(named)) if not result.done and named else ""
 
 
 # ---- the WebSocket upgrade -----------------------------------------------------------
 
-async def websocket(ctx: ProbeContext, form: Form) -> Cell:
+async def websocket(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     figures = await websocket_chat(ctx.lab, Setup(location=path_of(ctx, "websocket", form)),
                                    Timing(prefill_ms=PREFILL_MS, gap_ms=GAP_MS, tokens=5))
-    ok = figures.get("handshake_status") == 101 and bool(figures.get("done"))
-    return Cell(not ok, {k: (round(v, 2) if isinstance(v, float) else v)
-                         for k, v in figures.items()})
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items()}, ""
 
 
 # ---- a client that reads nothing -----------------------------------------------------
 
-async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
+async def slow_reader(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """A reader that takes no byte (a closed TCP window). A proxy with a send
     timeout cuts it once the buffers in front of it are full, closes the
     upstream, and the gateway cancels the generation; without one (or with a
@@ -352,7 +287,7 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
     finally:
         sock.close()
     if record is None:
-        return Cell(None, {}, "the engine never saw the request")
+        raise RuntimeError("the engine never saw the request")
     state = state_name(record)
     cut_after = (round(record.cancelled_at - asked, 2)
                  if record.state == pb.GENERATION_STATE_CANCELLED else None)
@@ -370,17 +305,12 @@ async def slow_reader(ctx: ProbeContext, form: Form) -> Cell:
         "window_s": SLOW_READER_WINDOW_S,
     }
     await asyncio.to_thread(wait_for_end, lab.engine_stats, rid, 10.0)
-    note = "the whole answer generated for nobody" if completed else ""
-    if ctx.proxy == "haproxy" and form == "default" and cut_after is not None:
-        # HAProxy's client-side timeouts are the frontend's, which every path
-        # of the lab's config shares: a bare HAProxy has none (it warns).
-        note = "cut by the frontend's timeout client, shared with `/`"
-    return Cell(cut_after is None, figures, note)
+    return figures, "the whole answer generated for nobody" if completed else ""
 
 
 # ---- the client leaves ---------------------------------------------------------------
 
-async def client_leaves(ctx: ProbeContext, form: Form) -> Cell:
+async def client_leaves(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """The client takes the headers and closes during a silent prefill: only a
     proxy that watches the client's socket closes the upstream, and only then
     does the gateway cancel the engine's generation."""
@@ -405,12 +335,12 @@ async def client_leaves(ctx: ProbeContext, form: Form) -> Cell:
                         "engine_state": state_name(record) if record else None,
                         "tokens_generated": record.tokens_generated if record else None,
                         "cancel_latency_ms": latency}
-    return Cell(latency is None or latency > CANCEL_BOUND_MS, figures)
+    return figures, ""
 
 
 # ---- the client's address ------------------------------------------------------------
 
-async def client_address(ctx: ProbeContext, form: Form) -> Cell:
+async def client_address(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """Two clients from two addresses, straight at the proxy (the edge hop in
     front of it would make every client 127.0.0.1): A starts a polling job, B
     asks for it. The gateway gives a job to the identity that started it, the
@@ -435,32 +365,11 @@ async def client_address(ctx: ProbeContext, form: Form) -> Cell:
                         "other_client_reads_it": other,
                         "clients_told_apart": other == 404}
     if job is None or own != 200:
-        return Cell(None, figures, f"no job to ask for (HTTP {started.status_code})")
-    return Cell(other != 404, figures)
+        raise RuntimeError(f"no job to ask for (HTTP {started.status_code})")
+    return figures, ""
 
 
 # ---- reload under live streams -------------------------------------------------------
-
-# Per proxy: the directive that bounds how long a reload waits for the old
-# process's streams (the pattern of its line in the lab's config), and how a
-# line with another value reads. Traefik's file-provider reload keeps the
-# entrypoint and its connections: nothing to bound (its lifeCycle.graceTimeOut
-# is for a stop only).
-DRAIN_DIRECTIVE: dict[str, tuple[re.Pattern[str], Callable[[int], str]]] = {
-    "nginx": (re.compile(r"^\s*worker_shutdown_timeout\s+\S+;[^\n]*$", re.M),
-              lambda s: f"worker_shutdown_timeout {s}s;"),
-    "haproxy": (re.compile(r"^\s*hard-stop-after\s+\S+[^\n]*$", re.M),
-                lambda s: f"  hard-stop-after {s}s"),
-    "caddy": (re.compile(r"^\s*grace_period\s+\S+[^\n]*$", re.M),
-              lambda s: f"\tgrace_period {s}s"),
-}
-# Per proxy: the connection limit in the lab's config, removed for the default
-# form (the proxy's own default then applies). Caddy and Traefik have none.
-LIMIT_DIRECTIVE: dict[str, re.Pattern[str]] = {
-    "nginx": re.compile(r"worker_connections\s+\d+;"),
-    "haproxy": re.compile(r"^\s*maxconn\s+\d+[^\n]*$", re.M),
-}
-
 
 def rewrite(ctx: ProbeContext, edit: Callable[[str], str]) -> str:
     """Edit the running proxy's config file in place and reload it (no stream
@@ -501,18 +410,15 @@ def reload_now(ctx: ProbeContext) -> None:
     if done.returncode != 0:
         raise RuntimeError(f"{proxy.name} did not reload ({' '.join(command)}): "
                            f"{(done.stderr + done.stdout).strip()[-300:]}")
-    if ctx.proxy == "traefik":
-        time.sleep(1.0)  # the file provider's watch picks the change up
+    if command[0] == "touch":
+        time.sleep(1.0)  # a file provider's watch picks the change up
 
 
 def workers(ctx: ProbeContext) -> set[int] | None:
-    """The pids of the proxy's worker processes (nginx's, HAProxy's master's
-    children); None for a one-process proxy (Caddy and Traefik reload inside
-    their process)."""
-    if ctx.proxy not in ("nginx", "haproxy"):
-        return None
+    """The pids of the proxy's worker processes (its master's children); None
+    for a one-process proxy (it has none: it reloads inside its process)."""
     try:
-        return {child.pid for child in psutil.Process(ctx.lab.pids["nginx"]).children()}
+        return {child.pid for child in psutil.Process(ctx.lab.pids["nginx"]).children()} or None
     except psutil.Error:
         return None
 
@@ -549,18 +455,14 @@ async def streams_across_reload(ctx: ProbeContext) -> Figures:
             "old_workers_gone_after_s": linger}
 
 
-async def reload(ctx: ProbeContext, form: Form) -> Cell:
+async def reload(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """default: the proxy's own drain (the bounding directive removed); ready:
     the lab's config (a bound longer than a stream); figures of a third run
     with a hard stop of CUT_STOP_S show what a short bound does."""
-    if form == "yours":
-        figures = await streams_across_reload(ctx)
-        return Cell(bool(figures["cut"]), figures)
-    directive = DRAIN_DIRECTIVE.get(ctx.proxy)
-    if directive is None:
-        figures = await streams_across_reload(ctx)
-        return Cell(bool(figures["cut"]), figures,
-                    "a file-provider reload keeps the entrypoint and its connections")
+    directive = ctx.lab.proxy.reload_bound
+    if form == "yours" or directive is None:
+        note = "its reload leaves the connections alone: nothing bounds it"
+        return await streams_across_reload(ctx), "" if form == "yours" else note
     pattern, line = directive
     if form == "ready":
         figures = await streams_across_reload(ctx)
@@ -572,13 +474,12 @@ async def reload(ctx: ProbeContext, form: Form) -> Cell:
         figures.update({f"hard_stop_{CUT_STOP_S}s_cut": short["cut"],
                         f"hard_stop_{CUT_STOP_S}s_old_workers_gone_after_s":
                             short["old_workers_gone_after_s"]})
-        return Cell(bool(figures["cut"]), figures)
+        return figures, ""
     original = rewrite(ctx, lambda text: pattern.sub("", text))
     try:
-        figures = await streams_across_reload(ctx)
+        return await streams_across_reload(ctx), ""
     finally:
         restore(ctx, original)
-    return Cell(bool(figures["cut"]), figures)
 
 
 # ---- the connection ceiling ----------------------------------------------------------
@@ -638,10 +539,10 @@ async def ramp(ctx: ProbeContext, limit: int = CEILING_MAX) -> Figures:
             "queued": counts["queued"], "ramp_s": round(time.monotonic() - started, 1)}
 
 
-async def ceiling(ctx: ProbeContext, form: Form) -> Cell:
+async def ceiling(ctx: ProbeContext, form: Form) -> tuple[Figures, str]:
     """default: the limit directive removed (the proxy's own default); ready
     and yours: the config as it is."""
-    limit = LIMIT_DIRECTIVE.get(ctx.proxy)
+    limit = ctx.lab.proxy.ceiling_pattern
     if form == "default" and limit is not None:
         original = rewrite(ctx, lambda text: limit.sub("", text))
         try:
@@ -650,107 +551,58 @@ async def ceiling(ctx: ProbeContext, form: Form) -> Cell:
             restore(ctx, original)
     else:
         figures = await ramp(ctx)
-    return Cell(int(figures["admitted"] or 0) < CEILING_MAX, figures,
-                "" if limit is not None or form != "default"
-                else f"{ctx.proxy} has no connection limit by default")
+    return figures, ("" if limit is not None or form != "default"
+                     else f"{ctx.proxy} has no connection limit by default")
 
 
-# ---- the fixes, per probe and proxy --------------------------------------------------
-
-FIXES: dict[str, dict[str, str]] = {
-    "buffering": {
-        "nginx": "proxy_buffering off; (or the app's X-Accel-Buffering: no, unless ignored)",
-        "haproxy": "none needed: HAProxy never buffers a response body",
-        "caddy": "none needed: an event stream is flushed at every write",
-        "traefik": "none needed: an event stream is flushed at every write",
-    },
-    "compression": {
-        "nginx": "proxy_buffering off; or gzip_types without text/event-stream",
-        "haproxy": "compression type without text/event-stream",
-        "caddy": "encode: leave text/event-stream out of its match",
-        "traefik": "compress middleware: excludedContentTypes text/event-stream",
-    },
-    "idle-cut": {
-        "nginx": "proxy_read_timeout above the longest pause, and heartbeats",
-        "haproxy": "timeout server (and timeout client, timeout tunnel), and heartbeats",
-        "caddy": "transport http { read_timeout }, and heartbeats",
-        "traefik": "none: no idle timeout on a streamed answer (writeTimeout is a deadline)",
-    },
-    "websocket": {
-        "nginx": "proxy_http_version 1.1; proxy_set_header Upgrade/Connection",
-        "haproxy": "none needed in mode http (timeout tunnel bounds it)",
-        "caddy": "none needed: reverse_proxy upgrades",
-        "traefik": "none needed: the load balancer upgrades",
-    },
-    "slow-reader": {
-        "nginx": "send_timeout (and proxy_buffering off; so the engine is held back)",
-        "haproxy": "timeout client (it never buffers a body)",
-        "caddy": "none per write: servers { write_timeout } is a whole-answer deadline",
-        "traefik": "none per write: respondingTimeouts.writeTimeout is a whole-answer deadline",
-    },
-    "client-leaves": {
-        "nginx": "proxy_buffering off; (buffered, nginx ran the prefill to its end)",
-        "haproxy": "option abortonclose (else the gateway hears at HAProxy's next write)",
-        "caddy": "no flush_interval -1 (with it, Caddy notices at its next write)",
-        "traefik": "none needed: the request context ends with the client",
-    },
-    "client-address": {
-        "nginx": "proxy_set_header X-Forwarded-For $remote_addr;",
-        "haproxy": "option forwardfor",
-        "caddy": "none needed: reverse_proxy sets X-Forwarded-For",
-        "traefik": "none needed: sets X-Forwarded-For (forwardedHeaders.trustedIPs)",
-    },
-    "headers-held": {
-        "nginx": "proxy_buffering off; (headers go out with the first body write otherwise)",
-        "haproxy": "none needed",
-        "caddy": "none needed",
-        "traefik": "none needed",
-    },
-    "reload": {
-        "nginx": "worker_shutdown_timeout longer than a stream",
-        "haproxy": "hard-stop-after longer than a stream (reload: -W, kill -USR2)",
-        "caddy": "none needed: its reload kept every stream, even at grace_period 1s",
-        "traefik": "none needed: a file-provider reload keeps connections "
-                   "(lifeCycle.graceTimeOut for a stop)",
-    },
-    "ceiling": {
-        "nginx": "worker_connections (each stream holds two) and worker_rlimit_nofile",
-        "haproxy": "maxconn (global and per frontend)",
-        "caddy": "none: no connection limit by default",
-        "traefik": "none: no connection limit by default",
-    },
-}
+# What a whole stream looks like, per probe: the checks hold where the proxy does not break it.
+DONE = Check("done", "==", True, "the stream ends with [DONE]")
+NO_LUMP = Check("lump", "==", False, "tokens as they are made, not one lump at the end")
 
 PROBES: tuple[Probe, ...] = (
-    Probe("buffering", "tokens held back and sent as one lump", buffering, FIXES["buffering"],
+    Probe("buffering", "tokens held back and sent as one lump", buffering, (NO_LUMP, DONE),
           shown=("first_byte_s", "total_s", "token_spread_s")),
     Probe("compression", "an event stream gzipped into one lump (Accept-Encoding: gzip)",
-          compression, FIXES["compression"],
+          compression, (NO_LUMP, DONE),
           shown=("content_encoding", "first_byte_s", "total_s", "token_spread_s")),
     Probe("idle-cut", "a silent think pause longer than the idle timeout cuts the stream",
-          idle_cut, FIXES["idle-cut"], shown=("pause_s", "heartbeat_s", "pings", "done",
-                                              "error")),
-    Probe("websocket", "the WebSocket upgrade refused", websocket, FIXES["websocket"],
+          idle_cut, (Check("done", "==", True, "the think pause did not cut the stream"),),
+          shown=("pause_s", "heartbeat_s", "pings", "done", "error")),
+    Probe("websocket", "the WebSocket upgrade refused", websocket,
+          (Check("handshake_status", "==", 101, "the upgrade accepted"), DONE),
           shown=("handshake_status", "tokens", "done")),
     Probe("slow-reader", "a reader that reads nothing is never cut: its generation runs on",
-          slow_reader, FIXES["slow-reader"], fast=False,
+          slow_reader, (Check("cut_after_s", "!=", None, "cut within the window: the engine "
+                              "stops generating for nobody"),),
+          fast=False,
           shown=("engine_state_at_end", "tokens_generated", "generating_at_end",
                  "cut_after_s")),
-    Probe("client-leaves", "the client leaves, the engine generates on",
-          client_leaves, FIXES["client-leaves"],
+    Probe("client-leaves", "the client leaves, the engine generates on", client_leaves,
+          (Check("cancel_latency_ms", "<=", CANCEL_BOUND_MS,
+                 "the engine's generation cancelled soon after the client left"),),
           shown=("engine_state", "cancel_latency_ms")),
     Probe("client-address", "every client reaches the gateway as the proxy's address",
-          client_address, FIXES["client-address"],
+          client_address, (Check("other_client_reads_it", "==", 404,
+                                 "the gateway tells two clients apart (X-Forwarded-For)"),),
           shown=("owner_reads_it", "other_client_reads_it")),
-    Probe("headers-held", "response headers held until the first token",
-          headers_held, FIXES["headers-held"], shown=("headers_s", "first_token_s")),
-    Probe("reload", "a config reload cuts live streams", reload, FIXES["reload"], fast=False,
+    Probe("headers-held", "response headers held until the first token", headers_held,
+          (Check("headers_held", "==", False, "the headers go out before the first token"),
+           DONE), shown=("headers_s", "first_token_s")),
+    Probe("reload", "a config reload cuts live streams", reload,
+          (Check("cut", "==", 0, "every live stream outlives the reload"),),
+          fast=False,
           shown=("whole", "cut", "old_workers_gone_after_s", f"hard_stop_{CUT_STOP_S}s_cut",
                  f"hard_stop_{CUT_STOP_S}s_old_workers_gone_after_s")),
-    Probe("ceiling", "concurrent streams refused or queued below the ramp's top",
-          ceiling, FIXES["ceiling"], fast=False,
-          shown=("admitted", "refused", "queued")),
+    Probe("ceiling", "concurrent streams refused or queued below the ramp's top", ceiling,
+          (Check("admitted", ">=", CEILING_MAX, "every stream of the ramp admitted"),),
+          fast=False, shown=("admitted", "refused", "queued")),
 )
+
+
+def fix_of(probe: str, proxy: str) -> str:
+    """The proxy's own directive that fixes what `probe` finds (or why none is needed)."""
+    found = PROXIES.get(proxy)
+    return found.probe_fixes.get(probe, "") if found is not None else ""
 
 
 def probe_names() -> list[str]:

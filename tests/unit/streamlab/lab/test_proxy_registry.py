@@ -22,15 +22,6 @@ from streamlab.lab.topology import REPO_ROOT, Ports
 DEFAULT = "nginx"
 PACKAGE = REPO_ROOT / "streamlab"
 REGISTRY = PACKAGE / "lab" / "proxies" / "__init__.py"
-# TEMPORARY: files that still name a proxy of their own accord, until they read
-# the facts off the proxy classes instead (issue 41). edge_probes.py and
-# edge_matrix.py are being rewritten to read probe_fixes, reload_bound,
-# ceiling_pattern and version_command. Take a file off the list
-# once it no longer names one; the list should end empty.
-TEMPORARY_ALLOWED = frozenset({
-    PACKAGE / "experiments" / "scenarios" / "edge_probes.py",
-    PACKAGE / "experiments" / "scenarios" / "edge_matrix.py",
-})
 
 
 def lab_config(proxy: EdgeProxy, tmp_path: Path) -> str:
@@ -134,7 +125,7 @@ def test_only_a_proxys_module_and_the_registry_name_it() -> None:
     naming: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         names = named_proxies(path)
-        if path in (REGISTRY, *TEMPORARY_ALLOWED):
+        if path == REGISTRY:
             continue
         names -= {path.stem} if path.parent == REGISTRY.parent else set()
         if names:

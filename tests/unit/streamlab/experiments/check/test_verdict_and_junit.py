@@ -9,12 +9,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from services.client.openai_stream import StreamResult
+from streamlab.exit_codes import EXIT_AS_EXPECTED, EXIT_UNEXPECTED
 from streamlab.experiments.check.framing import error_shape
 from streamlab.experiments.check.junit import junit_xml
 from streamlab.experiments.check.target import CheckTarget
 from streamlab.experiments.check.verdict import (
-    EXIT_FAILED,
-    EXIT_OK,
     SCHEMA,
     document,
     errored,
@@ -47,8 +46,8 @@ def test_verdicts_and_lines() -> None:
 
 
 @pytest.mark.parametrize(("parts", "status"), [
-    ((HOLDS, NA), EXIT_OK), ((HOLDS, FAILS), EXIT_FAILED), ((HOLDS, ERR), EXIT_FAILED),
-    ((), EXIT_OK)])
+    ((HOLDS, NA), EXIT_AS_EXPECTED), ((HOLDS, FAILS), EXIT_UNEXPECTED),
+    ((HOLDS, ERR), EXIT_UNEXPECTED), ((), EXIT_AS_EXPECTED)])
 def test_exit_status(parts: tuple[Report, ...], status: int) -> None:
     assert exit_status(run(*parts)) == status
 
@@ -123,7 +122,7 @@ def test_the_json_document_speaks_the_texts_verdicts() -> None:
     assert doc["schema"] == SCHEMA
     assert [(c["name"], c["verdict"]) for c in doc["checks"]] == [
         ("framing", "pass"), ("heartbeat", "fail"), ("cancel", "n/a")]
-    assert doc["exit_status"] == EXIT_FAILED
+    assert doc["exit_status"] == EXIT_UNEXPECTED
     assert doc["summary"] == {"pass": 1, "fail": 1, "n/a": 1, "error": 0}
     unreachable = document(None, url="http://x/v1", error=("unreachable", "nothing answers"))
     assert unreachable["exit_status"] == 3
