@@ -17,6 +17,7 @@ from rich.table import Table
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.common.tracing import trace_id_of
+from services.gateway.settings import ENGINE_WIRES
 from streamlab.commands.completion import complete_proxies
 from streamlab.commands.conventions import AsJson, fail, print_json
 from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
@@ -127,8 +128,8 @@ def up(
         raise typer.BadParameter(f"--store {store!r}: one of memory, redis")
     if proxy not in PROXY_NAMES:
         raise typer.BadParameter(f"--proxy {proxy!r}: one of {', '.join(PROXY_NAMES)}")
-    if engine_wire not in (None, "per_request", "multiplexed"):
-        raise typer.BadParameter(f"--engine-wire {engine_wire!r}: per_request or multiplexed")
+    if engine_wire is not None and engine_wire not in ENGINE_WIRES:
+        raise typer.BadParameter(f"--engine-wire {engine_wire!r}: one of {', '.join(ENGINE_WIRES)}")
     gateway_env = dict(choice.gateway_env)
     if engine_wire is not None:
         gateway_env["STREAMLAB_GATEWAY_ENGINE_WIRE"] = engine_wire

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.client.openai_stream import chat_body, stream_chat
+from services.gateway.settings import ENGINE_WIRES
 from streamlab.experiments.bench.lab_settings import lab_settings
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.generation_end import wait_for_end
@@ -33,7 +34,7 @@ from streamlab.lab.target import Capability, LabTarget, MissingCapability, requi
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
 BACKGROUND_GAP_MS = 1000  # --background streams: a token a second
-WIRES = ("per_request", "multiplexed")
+WIRES: tuple[str, ...] = ENGINE_WIRES
 WIRE_ENV = "STREAMLAB_GATEWAY_ENGINE_WIRE"
 
 

@@ -39,14 +39,14 @@ import httpx
 
 from services.client.resume_stream import TERMINAL_EVENTS, create_stream
 from services.engine.backends.fake import token_text
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import ENGINE_WIRES, GatewaySettings
 from streamlab.experiments.bench.stats import percentile
 from streamlab.experiments.report import JSON, Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.spare_ports import free_lab_ports
 from streamlab_protocol.sse import Event, SSEDecoder
 
-WIRES = ("per_request", "multiplexed")
+WIRES: tuple[str, ...] = ENGINE_WIRES
 WINDOW_ENV = "STREAMLAB_GATEWAY_REATTACH_WINDOW_S"
 WIRE_ENV = "STREAMLAB_GATEWAY_ENGINE_WIRE"
 RETRY_CODE = "engine_reattaching"  # services/gateway/resume/streams.py

@@ -41,12 +41,13 @@ from pathlib import Path
 import psutil
 
 from services.client.openai_stream import chat_body
+from services.gateway.settings import ENGINE_WIRES
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.processes import free_ports
 from streamlab.lab.processes import wait_until as wait_for
 
-WIRES = ("per_request", "multiplexed")
+WIRES: tuple[str, ...] = ENGINE_WIRES
 DEFAULT_STREAMS = 1000
 TOKENS = 15
 GAP_MS = 1000

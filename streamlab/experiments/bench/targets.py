@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.gateway.settings import ENGINE_WIRES
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 
 SETUP_MS = {"gateway": 1.0, "engine": 0.3}
@@ -143,7 +144,7 @@ def target_figures(cells: Cells) -> tuple[Figures, list[Check]]:
                    Check("storm_duplicates", "==", 0, "storm: no token twice")]
     if cells.cancel is not None:
         cancel = cells.cancel.figures
-        for wire in ("per_request", "multiplexed"):
+        for wire in ENGINE_WIRES:
             name = f"{wire}_cancel_latency_p99_ms"
             if name in cancel:
                 figures[f"cancel_{name}"] = cancel[name]
