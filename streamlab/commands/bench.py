@@ -14,7 +14,6 @@ or comma-separated (`--sweep 10,50`)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -23,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamlab.commands.conventions import fail, split_list
+from streamlab.commands.conventions import fail, plot_extra, split_list
 from streamlab.commands.exits import (
     EXIT_CODES,
     EXIT_CODES_TARGETS,
@@ -40,15 +39,6 @@ app = typer.Typer(help=__doc__, no_args_is_help=True,
                   short_help="Measure transports, relay, silent readers, cancellation.")
 console = Console()
 err = Console(stderr=True)
-
-
-def _plot_extra(plot: Path | None) -> Path | None:
-    """`--plot` needs matplotlib, the `plot` extra, which `make up` leaves out
-    unless asked: say so before the bench runs, not after."""
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
-                                 ".venv/bin/pip install -e '.[plot]'")
-    return plot
 
 
 def _list_option(values: list[str] | None, default: str) -> list[str]:
@@ -107,7 +97,7 @@ def transports(
     as_markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")
                            ] = False,
     plot: Annotated[Path | None, typer.Option(
-        callback=_plot_extra, help="Write the timeline and costs PNG here.")] = None,
+        callback=plot_extra, help="Write the timeline and costs PNG here.")] = None,
 ) -> None:
     """Polling (several intervals), long polling, SSE, WebSocket and direct gRPC, same model."""
     lab = reach(run_dir)
@@ -180,7 +170,7 @@ def slow_readers(
                                                          "long.")] = 240.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(
-        callback=_plot_extra, help="Write the RSS and tokens PNG here.")
+        callback=plot_extra, help="Write the RSS and tokens PNG here.")
                     ] = None,
 ) -> None:
     """N clients that never read: gateway memory and wasted tokens, direct vs detached relay."""
@@ -295,7 +285,7 @@ def scale(
                                             "nginx or gateway.")] = "edge",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(
-        callback=_plot_extra, help="Write the cadence and CPU PNG here (a directory: "
+        callback=plot_extra, help="Write the cadence and CPU PNG here (a directory: "
                                    "scale.png inside it; cell c: scale-slow.png beside it).")
     ] = None,
     slow_streams: Annotated[int, typer.Option(min=0, help="Cell c: slow streams at once "

@@ -21,10 +21,12 @@ and every group a StreamlabGroup. A command may give its own error document
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
@@ -88,6 +90,15 @@ def split_list(values: Sequence[str] | None, default: Sequence[str] = ()) -> lis
     comma-separated (`--wire a,b`), or both; none given is `default`."""
     items = [item.strip() for value in values or () for item in value.split(",")]
     return [item for item in items if item] or list(default)
+
+
+def plot_extra(plot: Path | None) -> Path | None:
+    """A `--plot` option's callback: it needs matplotlib, the `plot` extra, which
+    `make up` leaves out unless asked: say so before the run, not after."""
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
+                                 ".venv/bin/pip install -e '.[plot]'")
+    return plot
 
 
 # ---- help within 80 columns ----------------------------------------------------------

@@ -18,7 +18,6 @@ one renderer (streamlab/experiments/render.py) draws it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import time
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from streamlab.commands.completion import (
     complete_scenarios,
     complete_scenarios_or_all,
 )
-from streamlab.commands.conventions import fail, print_json, split_list
+from streamlab.commands.conventions import fail, plot_extra, print_json, split_list
 from streamlab.commands.exits import reach
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
@@ -163,15 +162,6 @@ def show_last(name: str, run_dir: Path, as_json: bool) -> None:
         print_last_runs(doc, console)
 
 
-def _plot_extra(plot: Path | None) -> Path | None:
-    """`--plot` needs matplotlib (the `plot` extra, which `make up` leaves out):
-    say so before the scenario runs, not after."""
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise typer.BadParameter("needs matplotlib: `make up PLOT=1`, or "
-                                 ".venv/bin/pip install -e '.[plot]'")
-    return plot
-
-
 @app.command("run", epilog=EXIT_CODES)
 def run_command(
     name: Annotated[str, typer.Argument(help="A scenario (see `list`), or `all`.",
@@ -207,7 +197,7 @@ def run_command(
         help="Seed of the shuffle (printed on every shuffled run), to replay an order.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(
-        callback=_plot_extra, help="Write the token arrivals, broken above fixed, as a PNG "
+        callback=plot_extra, help="Write the token arrivals, broken above fixed, as a PNG "
                                    "here (with `all`: a directory, one PNG a scenario).")
     ] = None,
 ) -> None:

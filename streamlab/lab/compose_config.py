@@ -211,7 +211,6 @@ def replicas_compose(ports: Ports, replicas: Replicas = COMPOSE_REPLICAS) -> str
 # service is in the profile, and the services' OTEL_* environment comes with
 # this file, since compose cannot make an environment depend on a profile.
 TRACING_COMPOSE = REPO_ROOT / "compose.tracing.yaml"
-TRACING_PROFILE = "tracing"
 JAEGER_SERVICE = "jaeger"
 TRACED_SERVICES = ("engine", "gateway")
 

@@ -47,10 +47,6 @@ from streamlab.lab.toxiproxy import ProxySpec, Toxiproxy
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from streamlab_protocol.engine.v1 import engine_pb2_grpc as pb_grpc
 
-# The services, in the order they start (each needs the one before it), for one
-# gateway and one engine; `ServedLab.order()` has the replicas and Redis.
-# Toxiproxy is two processes (topology.TOXIPROXY_PROCESSES: the file limit).
-ORDER = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx")
 REDIS = "redis"
 # How Redis keeps the gateways' shared resume log (docs/resume.md, "Redis
 # restarts"): an append-only file, written before Redis answers and fsynced

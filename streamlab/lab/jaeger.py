@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -106,7 +105,3 @@ def get_trace(ports: Ports, trace_id: str, timeout_s: float = 5.0) -> dict[str, 
     answer.raise_for_status()
     data = answer.json().get("data") or []
     return data[0] if data else None
-
-
-def config_path() -> Path:
-    return paths.data_file(CONFIG)

@@ -42,6 +42,7 @@ from services.client.openai_stream import chat_body
 from streamlab.experiments.bench.load import LoadResult, run_load
 from streamlab.experiments.bench.probes import CpuReading, ProcessTreeMeter
 from streamlab.experiments.bench.setup_floor import FloorRun, run_floor
+from streamlab.experiments.bench.stats import rounded
 from streamlab.experiments.report import Check, Figure, Figures, Report, Table, judge
 from streamlab.lab.target import Capability, LabTarget, pids_of, require
 from streamlab.lab.topology import TOXIPROXY_PROCESSES
@@ -113,10 +114,6 @@ class SetupRun:
         return {**cell.cpu_ms, "client": cell.load.client_cpu_ms}
 
 
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def setup_report(run: SetupRun) -> Report:
     """The run as the one Report: figures (`setup_ms_<process>`,
     `paced_us_<process>`, `idle_ms_per_s_<process>`), the set-up targets as
@@ -130,15 +127,15 @@ def setup_report(run: SetupRun) -> Report:
         "ttft_ms_p99": run.setup.load.ttft_ms.get("p99"),
         "loadavg_1m": round(run.setup.loadavg[0], 2),
         "engine_wire": run.engine_wire or None,
-        **{f"setup_ms_{name}": _round(ms, 3) for name, ms in setup.items()},
-        **{f"idle_ms_per_s_{name}": _round(ms, 2) for name, ms in run.idle_ms_per_s.items()},
+        **{f"setup_ms_{name}": rounded(ms, 3) for name, ms in setup.items()},
+        **{f"idle_ms_per_s_{name}": rounded(ms, 2) for name, ms in run.idle_ms_per_s.items()},
     }
     floor = run.floor_ms()
     if run.floor is not None:
         figures.update({
             "floor_completed": run.floor.completed,
             "floor_messages_per_stream": run.floor.messages_per_stream,
-            **{f"floor_ms_{name}": _round(ms, 3) for name, ms in floor.items()}})
+            **{f"floor_ms_{name}": rounded(ms, 3) for name, ms in floor.items()}})
     if run.paced is not None and run.paced_shape is not None:
         streams, tokens, step_ms = run.paced_shape
         figures.update({
@@ -146,7 +143,7 @@ def setup_report(run: SetupRun) -> Report:
             "paced_completed": run.paced.load.completed,
             "paced_icl_ms_p99": run.paced.load.icl_ms.get("p99"),
             "paced_loadavg_1m": round(run.paced.loadavg[0], 2),
-            **{f"paced_us_{name}": _round(us, 1) for name, us in paced.items()}})
+            **{f"paced_us_{name}": rounded(us, 1) for name, us in paced.items()}})
     checks = [Check("completed", "==", run.streams, "every set-up stream completes"),
               *(Check(f"setup_ms_{name}", "<=", target,
                       f"{name}: at most {target:g} ms of CPU per stream set-up")
@@ -159,11 +156,11 @@ def setup_report(run: SetupRun) -> Report:
     rows: list[tuple[Figure, ...]] = []
     for name in (*PROCESSES, "client"):
         target = SETUP_TARGET_MS.get(name)
-        rows.append((name, _round(setup.get(name), 3), target,
+        rows.append((name, rounded(setup.get(name), 3), target,
                      None if target is None else met.get(f"setup_ms_{name}"),
-                     _round(floor.get(name), 3),
-                     _round(paced.get(name), 1) if paced else None,
-                     _round(run.idle_ms_per_s.get(name), 2)))
+                     rounded(floor.get(name), 3),
+                     rounded(paced.get(name), 1) if paced else None,
+                     rounded(run.idle_ms_per_s.get(name), 2)))
     caption = (f"{run.setup.load.completed}/{run.streams} two-token streams at "
                f"{run.rate:g}/s, load {run.setup.loadavg[0]:.2f}")
     if run.engine_wire:

@@ -23,3 +23,8 @@ def summary(values: Sequence[float | None]) -> dict[str, float | None]:
     if not present:
         return {"median": None, "min": None, "max": None}
     return {"median": statistics.median(present), "min": min(present), "max": max(present)}
+
+
+def rounded(value: float | None, digits: int) -> float | None:
+    """`value` rounded to `digits`; None stays None."""
+    return None if value is None else round(value, digits)

@@ -37,9 +37,7 @@ PACED_STREAMS = 100
 PACED_LAB_US_PER_TOKEN = 200.0
 PACED_ICL_P50_MS = (19.0, 21.0)
 PACED_ICL_P99_MS = 30.0
-STORM_STREAMS = 2000
 STORM_NEXT_TOKEN_S = 5.0
-CANCEL_BACKGROUND = 1000
 CANCEL_P99_MS = 50.0
 # The lab's processes in a cadence cell's figures (the client is the bench).
 LAB_PROCESSES = ("engine", "toxiproxy", "toxiproxy-backend", "gateway", "nginx")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamlab.experiments.bench.setup_cost import PROCESSES, SetupRun, run_setup
-from streamlab.experiments.bench.stats import summary
+from streamlab.experiments.bench.stats import rounded, summary
 from streamlab.experiments.report import Figure, Figures, Report, Table
 from streamlab.lab.target import LabTarget, MissingCapability
 
@@ -171,10 +171,6 @@ def run_tracing_cost(lab: LabTarget, modes: Sequence[str] = MODES, *, rounds: in
     return out
 
 
-def _r(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def tracing_report(runs: Sequence[TracingRound]) -> Report:
     """Each round a row; per mode and process the median set-up ms and paced
     µs/token; the cost of each traced mode over off, beside off's own spread."""
@@ -190,11 +186,11 @@ def tracing_report(runs: Sequence[TracingRound]) -> Report:
                                  ("paced_us", [m.paced_us().get(process) for m in mine])):
                 stats = summary(values)
                 medians[(kind, process, mode)] = stats["median"]
-                figures[f"{kind}_{process}_{mode}"] = _r(stats["median"],
-                                                         3 if kind == "setup_ms" else 1)
+                figures[f"{kind}_{process}_{mode}"] = rounded(stats["median"],
+                                                              3 if kind == "setup_ms" else 1)
                 if mode == "off" and stats["max"] is not None and stats["min"] is not None:
-                    figures[f"off_spread_{kind}_{process}"] = _r(stats["max"] - stats["min"],
-                                                                 3 if kind == "setup_ms" else 1)
+                    figures[f"off_spread_{kind}_{process}"] = rounded(
+                        stats["max"] - stats["min"], 3 if kind == "setup_ms" else 1)
     for mode in modes:
         if mode == "off":
             continue
@@ -205,15 +201,15 @@ def tracing_report(runs: Sequence[TracingRound]) -> Report:
                 if base is None or traced is None:
                     continue
                 digits = 3 if kind == "setup_ms" else 1
-                figures[f"tracing_cost_{kind}_{process}_{mode}"] = _r(traced - base, digits)
+                figures[f"tracing_cost_{kind}_{process}_{mode}"] = rounded(traced - base, digits)
                 if base > 0:
-                    figures[f"tracing_ratio_{kind}_{process}_{mode}"] = _r(traced / base, 2)
+                    figures[f"tracing_ratio_{kind}_{process}_{mode}"] = rounded(traced / base, 2)
     rows: list[tuple[Figure, ...]] = []
     for r in runs:
         setup, per_token = r.run.setup_ms(), r.run.paced_us()
         rows.append((r.round, r.mode, r.run.setup.load.completed,
-                     *(_r(setup.get(p), 3) for p in ("gateway", "engine")),
-                     *(_r(per_token.get(p), 1) for p in ("gateway", "engine")),
+                     *(rounded(setup.get(p), 3) for p in ("gateway", "engine")),
+                     *(rounded(per_token.get(p), 1) for p in ("gateway", "engine")),
                      round(r.run.setup.loadavg[0], 2)))
     first = runs[0].run if runs else None
     caption = ""
