@@ -20,7 +20,7 @@ from services.common.tracing import trace_id_of
 from services.gateway.settings import ENGINE_WIRES
 from streamlab.commands.completion import complete_proxies
 from streamlab.commands.conventions import AsJson, fail, print_json
-from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
+from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
@@ -356,7 +356,7 @@ def chat(
         asyncio.run(run())
     except KeyboardInterrupt:
         err.print("\n[yellow]interrupted[/]: the connection is closed, the engine cancels.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def chat_json(result: StreamResult) -> dict[str, object]:
