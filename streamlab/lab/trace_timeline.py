@@ -72,7 +72,11 @@ class Timeline:
             "gateway_first_token_s": rel("gateway", "first_token"),
             "client_first_byte_s": rel("client", "first_byte"),
             "client_first_token_s": rel("client", "first_token"),
-            "end_s": round(max(m.at for m in self.marks) - self.origin, 6) if self.marks else None,
+            # The last mark, or a span's end (a span ends a few µs after its
+            # last event): every bar of the waterfall lies within it.
+            "end_s": round(max([m.at for m in self.marks]
+                               + [s["end_unix"] for s in self.spans]) - self.origin, 6)
+            if self.marks else None,
             # How long the first token took from leaving the engine to the client.
             "engine_to_client_s": (round(client_first - engine_first, 6)
                                    if engine_first is not None and client_first is not None
