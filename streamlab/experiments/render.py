@@ -187,7 +187,8 @@ def print_last_runs(doc: Mapping[str, JSON], console: Console) -> None:
     """`scenario show NAME --last`: each mode's last run from its document (when,
     the verdict, the streams it judged with the command that draws each)."""
     modes: Any = doc["modes"]  # mode → {ran_unix, verdict, reason, traced, streams: [{trace}]}
-    console.print(f"[bold]{doc['scenario']}[/]: last run in {doc['run_dir']}", highlight=False)
+    console.print(f"[bold]{doc['scenario']}[/]: last run in {escape(str(doc['run_dir']))}",
+                  highlight=False)
     for mode, run in modes.items():
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["ran_unix"] or 0))
         verdict = run["verdict"] + (f" ({run['reason']})" if run["reason"] else "")
@@ -206,9 +207,9 @@ def print_last_runs(doc: Mapping[str, JSON], console: Console) -> None:
 def verdict_markup(report: Report) -> str:
     """One run's verdict, coloured: skipped and errors with their reason."""
     if report.status == "skipped":
-        return f"[yellow]skipped[/]: {report.reason}"
+        return f"[yellow]skipped[/]: {escape(report.reason)}"
     if report.status == "error":
-        return f"[bold red]ERROR[/]: {report.reason}"
+        return f"[bold red]ERROR[/]: {escape(report.reason)}"
     colour = "green" if report.as_expected else "bold red"
     return f"[{colour}]{report.verdict}[/]"
 

@@ -114,3 +114,11 @@ def test_a_runs_verdict_is_coloured_with_its_reason() -> None:
     table = text_of(lambda c: c.print(render.scenario_table("cut: x", ("done",), [failed], False)))
     assert "✗ done == True" in table
     assert "UNEXPECTED" in table
+
+
+def test_a_reason_from_outside_is_printed_as_it_is_not_as_markup() -> None:
+    """A proxy's or server's words ("[emerg]", "[/x]") in an error's reason."""
+    reason = "nginx: [emerg] unknown directive [/x]"
+    console = Console(record=True, width=200)
+    console.print(render.verdict_markup(Report("x", "broken", status="error", reason=reason)))
+    assert reason in console.export_text()
