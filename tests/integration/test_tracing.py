@@ -37,7 +37,7 @@ from streamlab.lab import jaeger
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.trace_timeline import access_log_of, collect, proxy_line
 from tests.integration import test_replica_loss as loss
-from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV
+from tests.integration.conftest import TEST_ENGINE_ENV, TEST_GATEWAY_ENV, replica_test_lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_only(
     "Jaeger runs beside a local lab (--tracing); the compose lab's profile is separate")]
@@ -58,17 +58,10 @@ def _jaeger_or_skip() -> None:
 def traced_lab(request: pytest.FixtureRequest,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     _jaeger_or_skip()
-    options = LabOptions(
-        run_dir=tmp_path_factory.mktemp(f"tracing-{request.param}"),
-        engine_env=dict(TEST_ENGINE_ENV),
-        gateway_env={**TEST_GATEWAY_ENV, "STREAMLAB_GATEWAY_ENGINE_WIRE": request.param},
-        console=False, gateways=2, engines=1, tracing=True)
-    lab = Lab(free_ports(options), options)
-    lab.up()
-    try:
+    with replica_test_lab(tmp_path_factory.mktemp(f"tracing-{request.param}"),
+                          {"STREAMLAB_GATEWAY_ENGINE_WIRE": request.param},
+                          gateways=2, engines=1, tracing=True) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def _trace(lab: Lab, trace_id: str, want: set[str], deadline_s: float = 10.0) -> dict[str, Any]:
