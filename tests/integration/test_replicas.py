@@ -21,15 +21,11 @@ import pytest
 
 from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.client.resume_stream import create_stream
-from streamlab.experiments.scenarios.replica_lab import free_ports
-from streamlab.lab.local import Lab, LabOptions
-from streamlab.lab.nginx import NginxOptions
+from streamlab.lab.local import Lab
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 from tests.integration import test_replica_loss as loss
 from tests.integration.conftest import (
-    TEST_ENGINE_ENV,
-    TEST_GATEWAY_ENV,
-    TEST_SEND_TIMEOUT_S,
+    replica_test_lab,
 )
 from tests.integration.engine_probe import wait_for_generation_end
 from tests.wait import wait_until_async
@@ -44,17 +40,9 @@ ENGINES = ("engine", "engine-2")
 
 @pytest.fixture(scope="module")
 def replica_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    options = LabOptions(
-        run_dir=tmp_path_factory.mktemp("replicas"),
-        engine_env=dict(TEST_ENGINE_ENV), gateway_env=dict(TEST_GATEWAY_ENV),
-        nginx=NginxOptions(send_timeout_s=TEST_SEND_TIMEOUT_S),
-        console=False, gateways=2, engines=2)
-    lab = Lab(free_ports(options), options)
-    lab.up()
-    try:
+    with replica_test_lab(tmp_path_factory.mktemp("replicas"), {},
+                          gateways=2, engines=2) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def url(lab: Lab) -> str:
