@@ -134,10 +134,13 @@ class EdgeProxy(ABC):
     # other (a machine that cannot pull builds local ones: scripts/compose_test.sh).
     compose_build_args: Mapping[str, str]
 
+    # What makes its binary print its version ("-v", "version").
+    version_args: tuple[str, ...]
+
     @classmethod
-    @abstractmethod
     def version_command(cls, binary: str) -> list[str]:
         """The command that prints the proxy's version."""
+        return [binary, *cls.version_args]
 
     @classmethod
     @abstractmethod

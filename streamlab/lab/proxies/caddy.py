@@ -26,6 +26,7 @@ _HEALTH = (
 class Caddy(EdgeProxy):
     name = "caddy"
     config_name = "Caddyfile"
+    version_args = ("version",)
     install_hint = "sudo apt-get install -y caddy"
     # Caddy's durations are Go's: a bare number is nanoseconds.
     idle_directives = tuple(
@@ -52,10 +53,6 @@ class Caddy(EdgeProxy):
     # Debian's package, as the local lab's.
     compose_build_args = MappingProxyType(
         {"CADDY_BASE_IMAGE": "${CADDY_BASE_IMAGE:-debian:12.12-slim}"})
-
-    @classmethod
-    def version_command(cls, binary: str) -> list[str]:
-        return [binary, "version"]
 
     @classmethod
     def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:

@@ -24,6 +24,7 @@ _HEALTH = (
 class HAProxy(EdgeProxy):
     name = "haproxy"
     config_name = "haproxy.cfg"
+    version_args = ("-v",)
     install_hint = "sudo apt-get install -y haproxy"
     # A bare number is milliseconds in HAProxy's timeouts.
     idle_directives = tuple(
@@ -52,10 +53,6 @@ class HAProxy(EdgeProxy):
     # Debian's package, as the local lab's.
     compose_build_args = MappingProxyType(
         {"HAPROXY_BASE_IMAGE": "${HAPROXY_BASE_IMAGE:-debian:12.12-slim}"})
-
-    @classmethod
-    def version_command(cls, binary: str) -> list[str]:
-        return [binary, "-v"]
 
     @classmethod
     def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:

@@ -38,6 +38,7 @@ def substitute(text: str, values: dict[str, str]) -> str:
 class Nginx(EdgeProxy):
     name = "nginx"
     config_name = "nginx.conf"
+    version_args = ("-v",)
     install_hint = "sudo apt-get install -y nginx"
     idle_directives = tuple(
         IdleDirective(directive, "s", re.compile(rf"^\s*({directive})\s+(\S+?)\s*;", re.M))
@@ -74,10 +75,6 @@ class Nginx(EdgeProxy):
         self.options = options or nginx.NginxOptions()
         self.tls_dir = tls_dir
         self.gateways = gateways
-
-    @classmethod
-    def version_command(cls, binary: str) -> list[str]:
-        return [binary, "-v"]
 
     @classmethod
     def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:

