@@ -18,6 +18,22 @@ from services.common.tracing import trace_id_of
 AccessLine = dict[str, Any]  # the shape above: JSON, for `streamlab trace --json`
 
 
+def shaped(proxy: str, *, request_id: str | None, trace_id: str, status: Any, bytes_sent: Any,
+           total_s: float, start: float | None = None, end: float | None = None,
+           upstream_header_s: float | None = None,
+           upstream_response_s: float | None = None) -> AccessLine:
+    """The one shape, from a proxy's fields: start or end (unix s), whichever
+    it logs, and its total time give the other."""
+    if start is None and end:
+        start = end - total_s
+    elif end is None and start:
+        end = start + total_s
+    return {"proxy": proxy, "request_id": request_id or "", "trace_id": trace_id,
+            "status": status, "bytes": bytes_sent, "start": start or None, "end": end or None,
+            "request_time_s": total_s, "upstream_header_s": upstream_header_s,
+            "upstream_response_s": upstream_response_s}
+
+
 def number(value: Any) -> float | None:
     try:
         return float(value)

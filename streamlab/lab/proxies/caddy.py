@@ -8,7 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from streamlab.lab.proxies.access_log import AccessLine, first, number, trace_of
+from streamlab.lab.proxies.access_log import AccessLine, first, number, shaped, trace_of
 from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
 
 # The admin API's address in the lab's Caddyfile: a socket in the run dir.
@@ -63,14 +63,13 @@ class Caddy(EdgeProxy):
         response_headers = doc.get("resp_headers") or {}
         end = number(doc.get("ts"))
         total = number(doc.get("duration")) or 0.0
-        return {"proxy": "caddy",
-                "request_id": first(headers.get("X-Request-Id"))
-                or first(response_headers.get("X-Request-Id")) or "",
-                "trace_id": trace_of(first(headers.get("Traceparent")))
-                or trace_of(first(response_headers.get("Traceresponse"))),
-                "status": doc.get("status"), "bytes": doc.get("size"),
-                "start": end - total if end else None, "end": end, "request_time_s": total,
-                "upstream_header_s": None, "upstream_response_s": None}
+        return shaped("caddy",
+                      request_id=first(headers.get("X-Request-Id"))
+                      or first(response_headers.get("X-Request-Id")),
+                      trace_id=trace_of(first(headers.get("Traceparent")))
+                      or trace_of(first(response_headers.get("Traceresponse"))),
+                      status=doc.get("status"), bytes_sent=doc.get("size"), total_s=total,
+                      end=end)
 
     def environment(self, setup: ProxySetup) -> dict[str, str]:
         # Caddy keeps its data (certificates, the autosaved config) under

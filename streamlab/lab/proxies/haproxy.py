@@ -8,7 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from streamlab.lab.proxies.access_log import AccessLine, captured, number, trace_of
+from streamlab.lab.proxies.access_log import AccessLine, captured, number, shaped, trace_of
 from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
 
 # The compose health answer, and the line of the template it goes after.
@@ -62,15 +62,14 @@ class HAProxy(EdgeProxy):
         start = start / 1000 if start else None
         total = (number(doc.get("total_ms")) or 0.0) / 1000
         header = number(doc.get("upstream_header_ms"))
-        return {"proxy": "haproxy",
-                "request_id": captured(doc.get("request_id"))
-                or captured(doc.get("upstream_request_id")),
-                "trace_id": trace_of(captured(doc.get("traceparent")))
-                or trace_of(captured(doc.get("traceresponse"))),
-                "status": doc.get("status"), "bytes": doc.get("bytes"), "start": start,
-                "end": start + total if start else None, "request_time_s": total,
-                "upstream_header_s": header / 1000 if header is not None and header >= 0
-                else None, "upstream_response_s": None}
+        return shaped("haproxy",
+                      request_id=captured(doc.get("request_id"))
+                      or captured(doc.get("upstream_request_id")),
+                      trace_id=trace_of(captured(doc.get("traceparent")))
+                      or trace_of(captured(doc.get("traceresponse"))),
+                      status=doc.get("status"), bytes_sent=doc.get("bytes"), total_s=total,
+                      start=start, upstream_header_s=header / 1000
+                      if header is not None and header >= 0 else None)
 
     @classmethod
     def access_log(cls, lab_run_dir: Path, setup: ProxySetup) -> Path:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from streamlab.lab import nginx
-from streamlab.lab.proxies.access_log import AccessLine, number
+from streamlab.lab.proxies.access_log import AccessLine, number, shaped
 from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup
 
 _LAB_NAME = re.compile(r"\$\{(STREAMLAB_[A-Z_]+)\}")
@@ -82,12 +82,11 @@ class Nginx(EdgeProxy):
             return None
         end = number(doc.get("msec"))
         total = number(doc.get("request_time")) or 0.0
-        return {"proxy": "nginx", "request_id": doc.get("request_id") or "",
-                "trace_id": doc.get("trace_id") or "", "status": doc.get("status"),
-                "bytes": doc.get("bytes_sent"), "start": end - total if end else None,
-                "end": end, "request_time_s": total,
-                "upstream_header_s": number(doc.get("upstream_header_time")),
-                "upstream_response_s": number(doc.get("upstream_response_time"))}
+        return shaped("nginx", request_id=doc.get("request_id"),
+                      trace_id=doc.get("trace_id") or "", status=doc.get("status"),
+                      bytes_sent=doc.get("bytes_sent"), total_s=total, end=end,
+                      upstream_header_s=number(doc.get("upstream_header_time")),
+                      upstream_response_s=number(doc.get("upstream_response_time")))
 
     def find(self) -> str:
         return nginx.find_nginx()

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from streamlab.lab.proxies.access_log import AccessLine, number, trace_of, unix
+from streamlab.lab.proxies.access_log import AccessLine, number, shaped, trace_of, unix
 from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
 
 # Traefik's log lines at level error or worse, in its default (common) format:
@@ -66,15 +66,14 @@ class Traefik(EdgeProxy):
             return None
         start = unix(doc.get("StartUTC"))
         total = (number(doc.get("Duration")) or 0.0) / 1e9
-        return {"proxy": "traefik",
-                "request_id": doc.get("request_X-Request-Id")
-                or doc.get("downstream_X-Request-Id") or "",
-                "trace_id": trace_of(doc.get("request_Traceparent"))
-                or trace_of(doc.get("downstream_Traceresponse")),
-                "status": doc.get("DownstreamStatus"), "bytes": doc.get("DownstreamContentSize"),
-                "start": start, "end": start + total if start else None,
-                "request_time_s": total, "upstream_header_s": None,
-                "upstream_response_s": (number(doc.get("OriginDuration")) or 0.0) / 1e9}
+        return shaped("traefik",
+                      request_id=doc.get("request_X-Request-Id")
+                      or doc.get("downstream_X-Request-Id"),
+                      trace_id=trace_of(doc.get("request_Traceparent"))
+                      or trace_of(doc.get("downstream_Traceresponse")),
+                      status=doc.get("DownstreamStatus"),
+                      bytes_sent=doc.get("DownstreamContentSize"), total_s=total, start=start,
+                      upstream_response_s=(number(doc.get("OriginDuration")) or 0.0) / 1e9)
 
     @classmethod
     def version_line(cls, output: str) -> str:
