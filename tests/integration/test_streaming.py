@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -145,14 +146,30 @@ async def test_engine_down_is_a_clear_error_not_a_hang(lab: Lab, http: httpx.Asy
         for engine in lab.engine_names:
             await anyio.to_thread.run_sync(lab.start_service, engine)
 
-    # A restarted engine serves again without restarting the gateway.
-    async def served() -> StreamResult | None:
-        result = await stream_chat(http, completions(lab.edge_url), body)
-        return result if result.status == 200 else None
-    again = await wait_until_async(served, timeout_s=10, interval_s=0.1,
+    # A restarted engine serves again without restarting the gateway: the first
+    # try after the restart does, locally and on compose (8 of 8 there, 0.05 s).
+    # The bound is for a loaded CI machine, where a restarted container's network
+    # has come back late once (compose pass, 2026-12-06); the failure names the
+    # last answer seen, not only that none was a 200.
+    async def served() -> Answer:
+        return Answer(await stream_chat(http, completions(lab.edge_url), body))
+    again = await wait_until_async(served, timeout_s=30, interval_s=0.1,
                                    what="a stream served (200) by the restarted engine")
-    assert again.done
-    assert len(again.texts) == 3
+    assert again.result.done
+    assert len(again.result.texts) == 3
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One try's answer: true when it was served (200); shown by its status and error."""
+
+    result: StreamResult
+
+    def __bool__(self) -> bool:
+        return self.result.status == 200
+
+    def __repr__(self) -> str:
+        return f"status {self.result.status}, error {self.result.error}"
 
 
 async def test_bad_request_gets_a_400_that_names_the_field(
