@@ -41,6 +41,7 @@ from streamlab.experiments.scenarios.edge_probes import (
     Probe,
     ProbeContext,
     fix_of,
+    probe_fix,
     user_config_text,
 )
 from streamlab.experiments.scenarios.replica_lab import (
@@ -143,9 +144,10 @@ def proven(probe: Probe, by_form: Mapping[str, Report]) -> dict[str, Report]:
 
 
 def names_a_fix(probe: str, proxy: str) -> bool:
-    """Whether the proxy has a directive that fixes the probe's failure (its
-    fix is not "none needed" nor "none: ..."): its ready form applies it."""
-    return not (fix_of(probe, proxy) or "none").startswith("none")
+    """Whether the proxy has a directive that fixes the probe's failure, which
+    its ready form applies (each proxy says so in its probe_fixes)."""
+    found = probe_fix(probe, proxy)
+    return found is not None and found.is_directive
 
 
 @dataclass

@@ -62,6 +62,7 @@ from streamlab.experiments.timing import Timing
 from streamlab.lab.local import Lab
 from streamlab.lab.processes import wait_until
 from streamlab.lab.proxies import PROXIES
+from streamlab.lab.proxies.base import ProbeFix
 from streamlab.lab.proxies.idle import cuts_streams, fill, idle_timeouts
 from streamlab_protocol.engine.v1 import engine_pb2 as pb
 
@@ -601,8 +602,14 @@ PROBES: tuple[Probe, ...] = (
 
 def fix_of(probe: str, proxy: str) -> str:
     """The proxy's own directive that fixes what `probe` finds (or why none is needed)."""
+    found = probe_fix(probe, proxy)
+    return found.text if found is not None else ""
+
+
+def probe_fix(probe: str, proxy: str) -> ProbeFix | None:
+    """The proxy's answer for `probe`, or None for a proxy or probe it does not know."""
     found = PROXIES.get(proxy)
-    return found.probe_fixes.get(probe, "") if found is not None else ""
+    return found.probe_fixes.get(probe) if found is not None else None
 
 
 def probe_names() -> list[str]:

@@ -98,6 +98,27 @@ class IdleDirective(NamedTuple):
     pattern: re.Pattern[str]  # its line; group 1: the directive, group 2: the value
 
 
+class ProbeFix(NamedTuple):
+    """What a proxy offers against one edge-matrix probe's failure: `text` says
+    it (a directive, or why none is needed); `is_directive` says whether the
+    matrix's ready form applies a directive of the proxy's, so a probe that
+    fails out of the box and ready alike shows the fix does not discriminate.
+    Said, not read from the text's wording."""
+
+    text: str
+    is_directive: bool
+
+
+def fix(text: str) -> ProbeFix:
+    """A directive of the proxy's that fixes what the probe finds."""
+    return ProbeFix(text, is_directive=True)
+
+
+def no_fix(text: str) -> ProbeFix:
+    """Nothing to set: the proxy does it right as it comes, or has no such knob."""
+    return ProbeFix(text, is_directive=False)
+
+
 class EdgeProxy(ABC):
     """One proxy at the lab's edge (module docstring)."""
 
@@ -114,7 +135,7 @@ class EdgeProxy(ABC):
     # ---- the edge matrix (experiments/scenarios/edge_probes.py) ----------------
     # Per probe, the proxy's own directive that fixes what it finds (or why
     # none is needed): every proxy answers for every probe.
-    probe_fixes: Mapping[str, str]
+    probe_fixes: Mapping[str, ProbeFix]
     # The directive that bounds how long a reload waits for the old process's
     # streams: the pattern of its line in the lab's config, and that line with
     # another bound (seconds). None: a reload leaves the connections alone.

@@ -9,7 +9,14 @@ from types import MappingProxyType
 from typing import Any
 
 from streamlab.lab.proxies.access_log import AccessLine, first, number, shaped, trace_of
-from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
+from streamlab.lab.proxies.base import (
+    EdgeProxy,
+    IdleDirective,
+    ProxySetup,
+    fix,
+    insert_health_answer,
+    no_fix,
+)
 
 # The admin API's address in the lab's Caddyfile: a socket in the run dir.
 ADMIN_SOCKET = "unix/{$STREAMLAB_RUN_DIR}/admin.sock"
@@ -34,16 +41,17 @@ class Caddy(EdgeProxy):
         for directive in ("read_timeout", "write_timeout"))
 
     probe_fixes = MappingProxyType({
-        "buffering": "none needed: an event stream is flushed at every write",
-        "compression": "encode: leave text/event-stream out of its match",
-        "idle-cut": "transport http { read_timeout }, and heartbeats",
-        "websocket": "none needed: reverse_proxy upgrades",
-        "slow-reader": "none per write: servers { write_timeout } is a whole-answer deadline",
-        "client-leaves": "no flush_interval -1 (with it, Caddy notices at its next write)",
-        "client-address": "none needed: reverse_proxy sets X-Forwarded-For",
-        "headers-held": "none needed",
-        "reload": "none needed: its reload kept every stream, even at grace_period 1s",
-        "ceiling": "none: no connection limit by default",
+        "buffering": no_fix("none needed: an event stream is flushed at every write"),
+        "compression": fix("encode: leave text/event-stream out of its match"),
+        "idle-cut": fix("transport http { read_timeout }, and heartbeats"),
+        "websocket": no_fix("none needed: reverse_proxy upgrades"),
+        "slow-reader": no_fix("none per write: servers { write_timeout } is a whole-answer "
+                              "deadline"),
+        "client-leaves": fix("no flush_interval -1 (with it, Caddy notices at its next write)"),
+        "client-address": no_fix("none needed: reverse_proxy sets X-Forwarded-For"),
+        "headers-held": no_fix("none needed"),
+        "reload": no_fix("none needed: its reload kept every stream, even at grace_period 1s"),
+        "ceiling": no_fix("none: no connection limit by default"),
     })
     reload_bound = (re.compile(r"^\s*grace_period\s+\S+[^\n]*$", re.M),
                     lambda seconds: f"\tgrace_period {seconds}s")

@@ -9,7 +9,14 @@ from types import MappingProxyType
 from typing import Any
 
 from streamlab.lab.proxies.access_log import AccessLine, captured, number, shaped, trace_of
-from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, insert_health_answer
+from streamlab.lab.proxies.base import (
+    EdgeProxy,
+    IdleDirective,
+    ProxySetup,
+    fix,
+    insert_health_answer,
+    no_fix,
+)
 
 # The compose health answer, and the line of the template it goes after.
 _BIND = '  bind "${STREAMLAB_LISTEN}"\n'
@@ -33,16 +40,17 @@ class HAProxy(EdgeProxy):
         for side in ("server", "client", "tunnel"))
 
     probe_fixes = MappingProxyType({
-        "buffering": "none needed: HAProxy never buffers a response body",
-        "compression": "compression type without text/event-stream",
-        "idle-cut": "timeout server (and timeout client, timeout tunnel), and heartbeats",
-        "websocket": "none needed in mode http (timeout tunnel bounds it)",
-        "slow-reader": "timeout client (it never buffers a body)",
-        "client-leaves": "option abortonclose (else the gateway hears at HAProxy's next write)",
-        "client-address": "option forwardfor",
-        "headers-held": "none needed",
-        "reload": "hard-stop-after longer than a stream (reload: -W, kill -USR2)",
-        "ceiling": "maxconn (global and per frontend)",
+        "buffering": no_fix("none needed: HAProxy never buffers a response body"),
+        "compression": fix("compression type without text/event-stream"),
+        "idle-cut": fix("timeout server (and timeout client, timeout tunnel), and heartbeats"),
+        "websocket": no_fix("none needed in mode http (timeout tunnel bounds it)"),
+        "slow-reader": fix("timeout client (it never buffers a body)"),
+        "client-leaves": fix("option abortonclose (else the gateway hears at HAProxy's next "
+                             "write)"),
+        "client-address": fix("option forwardfor"),
+        "headers-held": no_fix("none needed"),
+        "reload": fix("hard-stop-after longer than a stream (reload: -W, kill -USR2)"),
+        "ceiling": fix("maxconn (global and per frontend)"),
     })
     reload_bound = (re.compile(r"^\s*hard-stop-after\s+\S+[^\n]*$", re.M),
                     lambda seconds: f"  hard-stop-after {seconds}s")

@@ -17,7 +17,7 @@ from typing import Any
 
 from streamlab.lab import nginx
 from streamlab.lab.proxies.access_log import AccessLine, number, shaped
-from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup
+from streamlab.lab.proxies.base import EdgeProxy, IdleDirective, ProxySetup, fix
 
 _LAB_NAME = re.compile(r"\$\{(STREAMLAB_[A-Z_]+)\}")
 
@@ -45,17 +45,18 @@ class Nginx(EdgeProxy):
         for directive in ("proxy_read_timeout", "send_timeout", "proxy_send_timeout"))
 
     probe_fixes = MappingProxyType({
-        "buffering": "proxy_buffering off; (or the app's X-Accel-Buffering: no, unless ignored)",
-        "compression": "proxy_buffering off; or gzip_types without text/event-stream",
-        "idle-cut": "proxy_read_timeout above the longest pause, and heartbeats",
-        "websocket": "proxy_http_version 1.1; proxy_set_header Upgrade/Connection",
-        "slow-reader": "send_timeout (and proxy_buffering off; so the engine is held back)",
-        "client-leaves": "proxy_buffering off; (buffered, nginx ran the prefill to its end)",
-        "client-address": "proxy_set_header X-Forwarded-For $remote_addr;",
-        "headers-held": "proxy_buffering off; (headers go out with the first body write "
-                        "otherwise)",
-        "reload": "worker_shutdown_timeout longer than a stream",
-        "ceiling": "worker_connections (each stream holds two) and worker_rlimit_nofile",
+        "buffering": fix("proxy_buffering off; (or the app's X-Accel-Buffering: no, unless "
+                         "ignored)"),
+        "compression": fix("proxy_buffering off; or gzip_types without text/event-stream"),
+        "idle-cut": fix("proxy_read_timeout above the longest pause, and heartbeats"),
+        "websocket": fix("proxy_http_version 1.1; proxy_set_header Upgrade/Connection"),
+        "slow-reader": fix("send_timeout (and proxy_buffering off; so the engine is held back)"),
+        "client-leaves": fix("proxy_buffering off; (buffered, nginx ran the prefill to its end)"),
+        "client-address": fix("proxy_set_header X-Forwarded-For $remote_addr;"),
+        "headers-held": fix("proxy_buffering off; (headers go out with the first body write "
+                            "otherwise)"),
+        "reload": fix("worker_shutdown_timeout longer than a stream"),
+        "ceiling": fix("worker_connections (each stream holds two) and worker_rlimit_nofile"),
     })
     reload_bound = (re.compile(r"^\s*worker_shutdown_timeout\s+\S+;[^\n]*$", re.M),
                     lambda seconds: f"worker_shutdown_timeout {seconds}s;")

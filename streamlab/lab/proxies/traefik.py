@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from streamlab.lab.proxies.access_log import AccessLine, number, shaped, trace_of, unix
-from streamlab.lab.proxies.base import EdgeProxy, ProxySetup
+from streamlab.lab.proxies.base import EdgeProxy, ProxySetup, fix, no_fix
 
 # Traefik's log lines at level error or worse, in its default (common) format:
 # `2026-12-02T03:00:00Z ERR ...`, and in JSON (`"level":"error"`).
@@ -36,18 +36,19 @@ class Traefik(EdgeProxy):
     idle_directives = ()
 
     probe_fixes = MappingProxyType({
-        "buffering": "none needed: an event stream is flushed at every write",
-        "compression": "compress middleware: excludedContentTypes text/event-stream",
-        "idle-cut": "none: no idle timeout on a streamed answer (writeTimeout is a deadline)",
-        "websocket": "none needed: the load balancer upgrades",
-        "slow-reader": "none per write: respondingTimeouts.writeTimeout is a whole-answer "
-                       "deadline",
-        "client-leaves": "none needed: the request context ends with the client",
-        "client-address": "none needed: sets X-Forwarded-For (forwardedHeaders.trustedIPs)",
-        "headers-held": "none needed",
-        "reload": "none needed: a file-provider reload keeps connections "
-                  "(lifeCycle.graceTimeOut for a stop)",
-        "ceiling": "none: no connection limit by default",
+        "buffering": no_fix("none needed: an event stream is flushed at every write"),
+        "compression": fix("compress middleware: excludedContentTypes text/event-stream"),
+        "idle-cut": no_fix("none: no idle timeout on a streamed answer (writeTimeout is a "
+                           "deadline)"),
+        "websocket": no_fix("none needed: the load balancer upgrades"),
+        "slow-reader": no_fix("none per write: respondingTimeouts.writeTimeout is a whole-answer "
+                              "deadline"),
+        "client-leaves": no_fix("none needed: the request context ends with the client"),
+        "client-address": no_fix("none needed: sets X-Forwarded-For (forwardedHeaders.trustedIPs)"),
+        "headers-held": no_fix("none needed"),
+        "reload": no_fix("none needed: a file-provider reload keeps connections "
+                         "(lifeCycle.graceTimeOut for a stop)"),
+        "ceiling": no_fix("none: no connection limit by default"),
     })
     # A file-provider reload keeps the entrypoint and its connections: nothing
     # bounds it (lifeCycle.graceTimeOut is for a stop only); and no connection

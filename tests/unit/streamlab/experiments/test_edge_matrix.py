@@ -23,6 +23,7 @@ from streamlab.experiments.scenarios.edge_matrix import (
     grid,
     headline,
     markdown,
+    names_a_fix,
     plot,
     proven,
     rows_for_table,
@@ -128,7 +129,8 @@ def test_a_ready_form_that_fails_what_failed_out_of_the_box_fails_the_run() -> N
     rows = [ProxyRow(name, "", ("default", "ready"), {"slow-reader": cells})
             for name in ("nginx", "caddy")]
     matrix = Matrix(rows, ["slow-reader"])
-    assert fix_of("slow-reader", "caddy").startswith("none")
+    assert not names_a_fix("slow-reader", "caddy")
+    assert names_a_fix("slow-reader", "nginx")
     assert matrix.undiscriminating == [("nginx", "slow-reader")]
     assert matrix.as_json()["undiscriminating"] == ["nginx slow-reader"]
     assert sample().undiscriminating == []
@@ -144,7 +146,7 @@ def test_the_table_has_a_row_per_failure_and_proxy_with_figures_and_the_fix() ->
         "UNEXPECTED (content_encoding gzip, first_byte_s 1.4")
     assert ready is not None
     assert summary(ready, shown("compression")).startswith("as expected (")
-    assert fix == fix_of("compression", "nginx") == PROXIES["nginx"].probe_fixes["compression"]
+    assert fix == fix_of("compression", "nginx") == PROXIES["nginx"].probe_fixes["compression"].text
     # A lab that did not come up, and a probe that crashed, say so.
     assert summary(rows[1][2]) == "error (port in use)"
     assert rows[2][3] is not None
@@ -242,6 +244,15 @@ def test_every_probe_names_a_fix_for_every_proxy() -> None:
     assert len(PROBES) >= 10
     for probe in PROBES:
         assert all(fix_of(probe.name, proxy) for proxy in PROXY_NAMES), probe.name
+
+
+def test_whether_a_proxy_names_a_fix_is_said_not_read_from_its_wording() -> None:
+    # Caddy's fix for a leaving client starts "no flush_interval -1": a directive
+    # to leave out, still the ready form's; nginx fixes every probe it fails.
+    assert names_a_fix("client-leaves", "caddy")
+    assert all(names_a_fix(probe.name, "nginx") for probe in PROBES)
+    assert not names_a_fix("buffering", "traefik")
+    assert not names_a_fix("buffering", "no-such-proxy")
 
 
 def test_a_lump_is_a_late_first_byte_and_bunched_tokens() -> None:

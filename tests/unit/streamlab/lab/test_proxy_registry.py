@@ -52,7 +52,8 @@ def test_every_proxy_carries_its_facts(name: str, tmp_path: Path) -> None:
     assert proxy.install_hint.strip()
     # The edge matrix: a fix (or why none is needed) for every probe nginx has.
     assert set(proxy_type.probe_fixes) == set(PROXIES[DEFAULT].probe_fixes)
-    assert all(fix.strip() for fix in proxy_type.probe_fixes.values())
+    assert all(fix.text.strip() and isinstance(fix.is_directive, bool)
+               for fix in proxy_type.probe_fixes.values())
     command = proxy_type.version_command("/usr/bin/x")
     assert command[0] == "/usr/bin/x"
     assert len(command) > 1
