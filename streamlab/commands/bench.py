@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamlab.commands.conventions import fail, plot_extra, split_list
+from streamlab.commands.conventions import OutputConsole, fail, plot_extra, split_list
 from streamlab.commands.exits import (
     EXIT_CODES,
     EXIT_CODES_TARGETS,
@@ -37,8 +36,8 @@ from streamlab.experiments.report import Report
 
 app = typer.Typer(help=__doc__, no_args_is_help=True,
                   short_help="Measure transports, relay, silent readers, cancellation.")
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 
 def _list_option(values: list[str] | None, default: str) -> list[str]:

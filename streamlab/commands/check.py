@@ -26,10 +26,9 @@ from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 
 from streamlab.commands.completion import complete_checks
-from streamlab.commands.conventions import StreamlabCommand, split_list
+from streamlab.commands.conventions import OutputConsole, StreamlabCommand, split_list
 from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.experiments.check.junit import junit_xml
 from streamlab.experiments.check.runner import CHECKS, NoModel, check_url
@@ -39,8 +38,8 @@ from streamlab.experiments.render import show
 from streamlab.lab.target import TargetUnreachable
 
 app = typer.Typer()
-console = Console()
-errors = Console(stderr=True)
+console = OutputConsole()
+errors = OutputConsole(stderr=True)
 
 EXIT_CODES = """Exit status: 0 every check passed or is n/a; 1 a check failed (or
 errored); 2 usage (a bad URL or option, an unset --api-key-env, no model); 3 the

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from streamlab.commands.conventions import AsJson, fail, print_json
+from streamlab.commands.conventions import AsJson, OutputConsole, fail, print_json
 from streamlab.lab import compose_config
 from streamlab.lab.topology import REPO_ROOT
 
@@ -16,8 +15,8 @@ app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy conf
                   "certificates.",
                   short_help="The compose lab's generated proxy configs and certificates.",
                   no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 
 @app.command(short_help="Write Toxiproxy's and nginx's compose configs from lab.env.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import Annotated, Any, NoReturn, TextIO
 
 import typer
 from rich.columns import Columns
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 from typer import rich_utils
@@ -48,7 +49,42 @@ from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_UNREACH
 KINDS = {EXIT_USAGE: "usage", EXIT_UNREACHABLE: "unreachable",
          EXIT_INTERRUPTED: "interrupted"}
 
-err = Console(stderr=True)
+# With no terminal anywhere (CI, cron, a pipe from a script) rich lays tables
+# out at 80 columns and cuts their cells ("res…", "60/…"): there a table is
+# read as data, so it gets the room it needs. A terminal's width, or COLUMNS
+# when set (the help tests set it), still wins.
+NO_TERMINAL_WIDTH = 200
+
+
+class OutputConsole(Console):
+    """A rich Console that does not cut a table to 80 columns when no standard
+    stream is a terminal (NO_TERMINAL_WIDTH there)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if (self._width is None and not self.is_terminal and "COLUMNS" not in self._environ
+                and not any_terminal()):
+            return ConsoleDimensions(max(size.width, NO_TERMINAL_WIDTH), size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def any_terminal() -> bool:
+    """Whether rich found a terminal's size on a standard stream (as it looks)."""
+    for descriptor in (0, 1, 2):
+        try:
+            os.get_terminal_size(descriptor)
+        except (AttributeError, ValueError, OSError):  # not a terminal
+            continue
+        return True
+    return False
+
+
+err = OutputConsole(stderr=True)
 
 # Every command takes it (a failure's document included).
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from streamlab.commands.conventions import fail, print_json
+from streamlab.commands.conventions import OutputConsole, fail, print_json
 from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_USAGE
 from streamlab.lab.toxiproxy_install import (
     TOXIPROXY_VERSION,
@@ -28,8 +27,8 @@ from streamlab.paths import TOXIPROXY_DIR_VAR, toxiproxy_install_dir
 
 app = typer.Typer(help="Install what the wheel cannot carry: `install toxiproxy`.",
                   no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 EXIT_CODES = ("Exit status: 0 installed (or already there); 1 the download or the build "
               "failed; 2 no suitable Go (>= 1.23, or >= 1.21 allowed to fetch it), or no "

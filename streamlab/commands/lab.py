@@ -11,7 +11,6 @@ from typing import Annotated
 import grpc
 import httpx
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,7 +18,7 @@ from services.client.openai_stream import StreamResult, chat_body, stream_chat
 from services.common.tracing import trace_id_of
 from services.gateway.settings import ENGINE_WIRES
 from streamlab.commands.completion import complete_proxies
-from streamlab.commands.conventions import AsJson, fail, print_json
+from streamlab.commands.conventions import AsJson, OutputConsole, fail, print_json
 from streamlab.exit_codes import EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
@@ -34,8 +33,8 @@ from streamlab.paths import RUN_DIR_VAR, clone
 from streamlab.paths import run_dir as default_run_dir
 
 app = typer.Typer()
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 RunDir = Annotated[Path, typer.Option(
     help=f"Where logs, pids and rendered configs live (${RUN_DIR_VAR}; default: a clone's "

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -36,7 +35,7 @@ from streamlab.commands.completion import (
     complete_scenarios,
     complete_scenarios_or_all,
 )
-from streamlab.commands.conventions import fail, plot_extra, print_json, split_list
+from streamlab.commands.conventions import OutputConsole, fail, plot_extra, print_json, split_list
 from streamlab.commands.exits import reach
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
@@ -69,8 +68,8 @@ EXIT_CODES = ("Exit status: 0 every verdict as expected (a scenario this lab or 
 app = typer.Typer(help="Reproduce each streaming failure, broken and fixed, and measure it.",
                   short_help="Reproduce each streaming failure, broken and fixed.",
                   no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 
 @app.command("list")

@@ -6,11 +6,10 @@ import asyncio
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 
 from streamlab.commands.completion import complete_broken
-from streamlab.commands.conventions import fail
+from streamlab.commands.conventions import OutputConsole, fail
 from streamlab.commands.exits import EXIT_CODES, experiment_exits, reach, verdict_exit
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.exit_codes import EXIT_USAGE
@@ -19,7 +18,7 @@ from streamlab.experiments.soak import soak_as_asked
 from streamlab.experiments.soak_verdict import BROKEN
 
 app = typer.Typer()
-console = Console()
+console = OutputConsole()
 
 
 @app.command("soak", epilog=EXIT_CODES)

@@ -27,12 +27,11 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from streamlab.commands.completion import complete_hops, complete_toxic_names, complete_toxic_types
-from streamlab.commands.conventions import AsJson, fail, print_json, split_list
+from streamlab.commands.conventions import AsJson, OutputConsole, fail, print_json, split_list
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
 from streamlab.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.lab.local import find_toxiproxy
@@ -61,8 +60,8 @@ proxy_app = typer.Typer(help="Enable or disable a whole hop (edge, upstream, eng
                              "upstream-2, …, store).",
                         short_help="Enable or disable a whole hop.",
                         no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
+console = OutputConsole()
+err = OutputConsole(stderr=True)
 
 HOPS = HOP_NAMES
 Hop = Annotated[str, typer.Argument(

@@ -13,6 +13,7 @@ No lab: a FakeLab stands in where a command needs one."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -21,15 +22,18 @@ from typing import Any, get_args
 
 import pytest
 import typer
+from rich.console import Console
+from rich.table import Table
 from typer.core import TyperGroup, TyperOption
 from typer.testing import CliRunner
 
+import streamlab.commands.conventions as conventions
 import streamlab.commands.lab as lab_commands
 import streamlab.commands.logs as logs_commands
 import streamlab.commands.scenario as scenario_commands
 import streamlab.commands.toxic as toxic_commands
 from streamlab.cli import app
-from streamlab.commands.conventions import aliases, split_list, visible_opts
+from streamlab.commands.conventions import OutputConsole, aliases, split_list, visible_opts
 from streamlab.experiments.report import Report
 from streamlab.experiments.scenarios import get, names
 from streamlab.lab.fake import FakeLab
@@ -446,3 +450,28 @@ def test_follow_prints_new_lines_until_the_lab_stops(tmp_path: Path) -> None:
     logs_commands.follow(follower, lambda name, line: written.append((name, line)), going,
                          poll_s=0)
     assert written == [("gateway", "one"), ("gateway", "two"), ("gateway", "rotated")]
+
+
+def wide_table() -> Table:
+    table = Table("wire", "window s", "blip whole", "resumed p50 s", "resumed p99 s",
+                  "told retry", "terminal p50 s", "terminal p99 s", "others whole")
+    table.add_row("multiplexed", "6", "60/60", "3.05", "3.17", "30/30", "6.01", "6.02", "30/30")
+    return table
+
+
+@pytest.mark.parametrize(("columns", "cut"), [(None, False), ("80", True)])
+def test_a_table_is_not_cut_to_80_columns_without_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, columns: str | None, cut: bool
+) -> None:
+    """In CI or a script's pipe (no terminal) a table is data: whole. COLUMNS,
+    when the user sets it, is the width, as rich does."""
+    monkeypatch.setattr(conventions, "any_terminal", lambda: False)
+    out = io.StringIO()
+    env = {} if columns is None else {"COLUMNS": columns}
+    OutputConsole(file=out, _environ=env).print(wide_table())
+    text = out.getvalue()
+    assert ("…" in text) is cut
+    assert ("multiplexed" in text) is not cut
+    plain = io.StringIO()
+    Console(file=plain, _environ={}).print(wide_table())  # rich's own: cut at 80
+    assert "…" in plain.getvalue()
