@@ -167,7 +167,11 @@ class ResumableStream:
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
-        self._next_index = 0  # the engine's index of the next token to come
+        # The engine's index of the next token to come. A stream taken over
+        # continues the shared log after its last event (a token's seq is its
+        # index + 1): a re-attach before the first new token must ask for what
+        # follows it, not for the whole answer again.
+        self._next_index = log.last_seq
         self.notice: Notice | None = None  # while the owner re-attaches
         self._notices = 0
 

@@ -118,6 +118,24 @@ async def test_a_blip_is_told_and_the_rest_follows_on_the_same_response() -> Non
     assert lease.reattaches == 2
 
 
+async def test_a_stream_taken_over_reattaches_after_its_last_token_not_from_the_first() -> None:
+    """A replica took the stream over after token 2 (seq 3); its call drops
+    before the first new token. The re-attach asks for what follows token 2:
+    the rest once, not the whole answer again under new ids."""
+    lease = DroppingLease(6, drop_at=3, answers=[None])
+    lease._from = 3  # the take-over's attach: the engine sends from token 3
+    registry = StreamRegistry(GatewaySettings(reattach_window_s=WINDOW_S), CollectorRegistry())
+    stream = registry.create("s" * 32, lease, StreamPolicy(
+        grace_s=10, ttl_s=10, retry_ms=200, max_events=1000), after_seq=3)
+    events = [e async for e in follow_local(stream, 3, Attach(0, None, 3, None))
+              if e.event is not None]
+    await registry.close()
+    assert names(events) == ["retry"] + ["token"] * 3 + ["done"]
+    assert [data(e)["index"] for e in events if e.event == "token"] == [3, 4, 5]
+    assert [e.id for e in events if e.event == "token"] == [f"{'s' * 32}:{seq}"
+                                                            for seq in (4, 5, 6)]
+
+
 async def test_an_engine_that_holds_no_such_generation_ends_it_at_once() -> None:
     gone = EngineError(404, "not_found", "engine: no detachable generation")
     events, took = await read(DroppingLease(6, drop_at=3, answers=[gone]), window_s=30.0)
