@@ -197,11 +197,11 @@ class GatewaySettings(BaseSettings):
     replica_id: str = ""
     # Every Redis call's bound (connect and each reply): a store that is down or
     # black-holed answers a resume with 503 within this, never a hang. A live
-    # tail blocks on Redis for less than this (half of it) per read.
+    # tail blocks on Redis for less than this (a third of it) per read.
     redis_timeout_s: float = Field(1.0, gt=0)
     # A reader on a replica that does not own the generation counts for the
     # owner's grace timer while its presence is fresh: refreshed at least every
-    # half of this, forgotten this long after its replica stopped refreshing it.
+    # third of this, forgotten this long after its replica stopped refreshing it.
     redis_follower_ttl_s: float = Field(3.0, gt=0)
     # How long an expired stream's id answers 410 rather than 404.
     redis_tombstone_s: float = Field(86_400.0, gt=0)

@@ -78,7 +78,7 @@ from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_st
 from services.gateway.resume.store import FoundStream, ResumeStore
 from services.gateway.resume.streams import (
     REATTACH_BACKOFF_S,
-    REATTACH_WINDOW_S,
+    TAKEOVER_WINDOW_S,
     Attach,
     ResumableStream,
     StreamPolicy,
@@ -141,6 +141,11 @@ OLDEST_HELD = re.compile(r"the oldest held is (\d+)")
 # A retried reader's attempt is written within this many store timeouts (a new
 # connection's handshake and the script's round trips, on a slow store).
 ATTEMPT_WRITE_BOUND = 10
+# A stream this replica claimed but could not run is ended `owner_lost` in the
+# log; a store error on that write is tried again for this long (nobody else
+# will end it: every replica sees its owner, this one, alive), then the meta's
+# running TTL is left to end it.
+CLAIMED_END_RETRY_S = 30.0
 
 
 class SharedStream(ResumableStream):
@@ -404,6 +409,8 @@ class RedisStore(ResumeStore):
         self._gateway: Gateway | None = None  # set by open(): leases for a takeover
         self._sweeper: asyncio.Task[None] | None = None
         self._sweeping: set[str] = set()  # lost replicas whose streams the sweep takes over
+        # Streams claimed here whose adoption runs now (RedisStore._run_claimed).
+        self._adopting: dict[str, asyncio.Task[None]] = {}
         self._disowning: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
         self._owned_key = owned_key(KEY_PREFIX, settings.replica_id)
         self._owned_ttl_ms = int((settings.max_stream_duration_s + settings.resume_ttl_s) * 1000)
@@ -687,6 +694,12 @@ class RedisStore(ResumeStore):
             # Taken over here (by the sweep, or another reader): the reader
             # follows this replica's memory from now on.
             return True
+        if self._claimed_not_run(stream_id, meta):
+            # Claimed here, but its adoption never ran to the end (the claim's
+            # reply was lost to a timeout, or the task that claimed it was
+            # cancelled before it could start one): every replica sees its owner,
+            # this one, alive, so nobody else will. Run it now.
+            return await self._run_claimed(stream_id, keys, meta, meta.last_seq, cursor)
         if meta.replica != RELEASED:
             alive = await self._alive(meta.replica)
             if alive is not None and meta.incarnation in ("", alive):
@@ -730,7 +743,36 @@ class RedisStore(ResumeStore):
                   self.control.incarnation]))
         if last_seq < 0:
             return False  # another replica took it first, or it ended meanwhile
-        deadline = time.monotonic() + REATTACH_WINDOW_S
+        return await self._run_claimed(stream_id, keys, meta, last_seq, cursor)
+
+    def _claimed_not_run(self, stream_id: str, meta: StreamMeta) -> bool:
+        """This incarnation claimed it (the meta names it), yet it neither runs
+        here nor is being adopted."""
+        return (meta.replica == self.settings.replica_id
+                and meta.incarnation == self.control.incarnation
+                and self.local(stream_id) is None and stream_id not in self._adopting)
+
+    async def _run_claimed(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                           last_seq: int, cursor: int) -> bool:
+        """The claim is this replica's: adopt the stream in a task of its own,
+        which whoever claimed it (a reader, the sweep) waits on but cannot
+        cancel. A reader that left mid-take-over cancelled its request, and
+        with it the adoption, leaving the stream claimed, not run and `running`
+        in Redis for an hour; now the adoption goes on without it."""
+        task = self._adopting.get(stream_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._adopt_claimed(stream_id, keys, meta, last_seq, cursor),
+                name=f"takeover-{stream_id}")
+            self._adopting[stream_id] = task
+            task.add_done_callback(lambda _: self._adopting.pop(stream_id, None))
+            self.store_metrics.tasks.watch(task, "takeover", stream_id)
+        await asyncio.shield(task)
+        return True
+
+    async def _adopt_claimed(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
+                             last_seq: int, cursor: int) -> None:
+        deadline = time.monotonic() + TAKEOVER_WINDOW_S
         while True:
             try:
                 await self._adopt(stream_id, meta, last_seq)
@@ -745,10 +787,28 @@ class RedisStore(ResumeStore):
                 log.warning("stream %s: owner %r lost and its generation cannot be "
                             "re-attached (%s)", stream_id, meta.replica, exc.message)
                 self.store_metrics.takeovers.labels("owner_lost").inc()
-                await self._end_orphaned(keys, meta, "owner_lost", cursor)
+                await self._end_claimed(keys, meta, cursor)
             except Exception as exc:  # anything else: the claim must not be left unrun
                 await self._adoption_failed(stream_id, keys, meta, cursor, exc)
-            return True
+            return
+
+    async def _end_claimed(self, keys: StreamKeys, meta: StreamMeta, cursor: int) -> None:
+        """End a stream claimed here `owner_lost` in the log, trying a store
+        error again with a backoff for up to CLAIMED_END_RETRY_S."""
+        deadline = time.monotonic() + CLAIMED_END_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                await self._end_orphaned(keys, meta, "owner_lost", cursor)
+                return
+            except STORE_ERRORS as exc:
+                if time.monotonic() + delay > deadline:
+                    log.warning("stream %s: could not end it owner_lost for %.0f s (%r); "
+                                "its metadata's TTL ends it", keys.meta, CLAIMED_END_RETRY_S,
+                                exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
 
     async def _adoption_failed(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
                                cursor: int, exc: Exception) -> None:
@@ -768,7 +828,7 @@ class RedisStore(ResumeStore):
         if stream is not None:
             stream.cancel("owner_lost")
         else:
-            await self._end_orphaned(keys, meta, "owner_lost", cursor)
+            await self._end_claimed(keys, meta, cursor)
 
     # ---- the take-over sweep: a lost owner's streams, whether or not anyone reads ----
     async def _own(self, stream_id: str) -> None:
@@ -866,6 +926,10 @@ class RedisStore(ResumeStore):
                 meta = await read_meta(self.redis, keys)
             if meta is not None and not meta.ended and meta.replica == replica:
                 await self._take_over(stream_id, keys, meta, meta.last_seq)
+            elif meta is not None and not meta.ended and self._claimed_not_run(stream_id, meta):
+                # Claimed here by an earlier sweep whose reply was lost (a
+                # timeout): still in the lost replica's list, and nobody reads it.
+                await self._run_claimed(stream_id, keys, meta, meta.last_seq, meta.last_seq)
             async with asyncio.timeout(SWEEP_TIMEOUT_S):
                 await self.redis.srem(owned_key(KEY_PREFIX, replica), stream_id)
 
@@ -944,6 +1008,9 @@ class RedisStore(ResumeStore):
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        for adopting in list(self._adopting.values()):
+            adopting.cancel()  # claimed, not run: a reader on a survivor takes it over
+        await asyncio.gather(*self._adopting.values(), return_exceptions=True)
         for stream in self.memory.registry.running():
             if isinstance(stream, SharedStream):
                 stream.hand_off_at_exit()

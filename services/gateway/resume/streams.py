@@ -79,7 +79,7 @@ TRANSIENT_ENGINE_ERRORS = frozenset({"unavailable", "engine_idle_timeout"})
 # engines are up): below the engine's orphan grace (services/engine/
 # settings.py, 60 s); docs/resume.md has the arithmetic. The owner's own
 # re-attach after its engine call dropped uses `settings.reattach_window_s`.
-REATTACH_WINDOW_S = 20.0
+TAKEOVER_WINDOW_S = 20.0
 REATTACH_BACKOFF_S = 0.25
 # What readers are told while the owner attaches again (`event: retry`, not
 # in the log), and the terminal `error` code once the generation is lost.

@@ -14,8 +14,13 @@ told), and a stream that ends early is fine only with a terminal `error` or
 `cancelled` (the reader knows nothing more will come). What the judge counts
 against a run:
 
-    duplicates     a seq seen twice (a resume that replayed what it had)
+    duplicates     a seq seen twice (a resume that replayed what it had), or
+                   a token's index seen twice under new seqs (a generation
+                   replayed from its start)
     out_of_order   a seq not above the one before it
+    misplaced      an event where none belongs: a token whose index is not
+                   its seq - 1, a seq past the answer's end (N+1), a `done`
+                   anywhere but N+1
     silent_gaps    seqs skipped with no `gap` event naming them
     hung           no terminal event by the reader's deadline: the hang this
                    module exists to catch (a reader waiting on a stream that
@@ -46,6 +51,7 @@ class Seen:
     # A gap: the seqs it names (first, last); a terminal event: its reason.
     missed: tuple[int, int] | None = None
     reason: str = ""
+    index: int | None = None  # a token: the engine's index of it (its seq is index + 1)
 
 
 @dataclass
@@ -53,8 +59,8 @@ class History:
     seen: list[Seen] = field(default_factory=list)
 
     def saw(self, kind: str, seq: int | None, at: float, data: str | bytes = b"") -> None:
-        missed, reason = None, ""
-        if kind in ("gap", "retry") or kind in TERMINAL:
+        missed, reason, index = None, "", None
+        if kind in ("gap", "retry", "token") or kind in TERMINAL:
             try:
                 parsed = json.loads(data or b"{}")
             except ValueError:
@@ -63,9 +69,12 @@ class History:
                 parsed = {}
             if kind == "gap":
                 missed = (_seq(parsed.get("missed_from")), _seq(parsed.get("missed_to")))
+            elif kind == "token":
+                found = parsed.get("index")
+                index = found if isinstance(found, int) else None
             else:
                 reason = str(parsed.get("reason") or parsed.get("code") or "")
-        self.seen.append(Seen(kind, seq, at, missed, reason))
+        self.seen.append(Seen(kind, seq, at, missed, reason, index))
 
     @property
     def terminal(self) -> Seen | None:
@@ -86,6 +95,7 @@ class Verdict:
     whole: bool
     duplicates: int
     out_of_order: int
+    misplaced: int
     silent_gaps: int  # seqs skipped without a gap event naming them
     told_gaps: int  # seqs skipped that a gap event named
     hung: bool
@@ -99,7 +109,23 @@ def judge_one(history: History, tokens: int) -> Verdict:
         if s.missed is not None and s.missed[0] > 0:
             told.update(range(s.missed[0], s.missed[1] + 1))
     counts = Counter(seqs)
-    duplicates = sum(n - 1 for n in counts.values())
+    # A repeat: its seq came before, or (a token) its index did under another seq.
+    duplicates = 0
+    seqs_seen: set[int] = set()
+    indexes_seen: set[int] = set()
+    for s in history.seen:
+        if s.seq is None:
+            continue
+        index = s.index if s.kind == "token" else None
+        duplicates += s.seq in seqs_seen or (index is not None and index in indexes_seen)
+        seqs_seen.add(s.seq)
+        if index is not None:
+            indexes_seen.add(index)
+    misplaced = sum(1 for s in history.seen if s.seq is not None and (
+        s.seq > tokens + 1
+        or (s.kind == "token" and (s.seq > tokens or (s.index is not None
+                                                      and s.index != s.seq - 1)))
+        or (s.kind == "done" and s.seq != tokens + 1)))
     out_of_order = sum(1 for a, b in itertools.pairwise(seqs) if b < a)
     terminal = history.terminal
     # What should have come: every token, up to the last seq seen, or all N
@@ -111,8 +137,10 @@ def judge_one(history: History, tokens: int) -> Verdict:
     silent = sum(1 for seq in skipped if seq not in told)
     end = "none" if terminal is None else f"{terminal.kind} {terminal.reason}".strip()
     whole = (terminal is not None and terminal.kind == "done" and not skipped
-             and duplicates == 0 and out_of_order == 0 and len(seqs) == tokens + 1)
+             and duplicates == 0 and out_of_order == 0 and misplaced == 0
+             and len(seqs) == tokens + 1)
     return Verdict(whole=whole, duplicates=duplicates, out_of_order=out_of_order,
+                   misplaced=misplaced,
                    silent_gaps=silent, told_gaps=len(skipped) - silent,
                    hung=terminal is None, end=end)
 
@@ -129,15 +157,18 @@ def judge(histories: Sequence[History], tokens: int | Sequence[int]) -> Figures:
         "readers_whole": sum(v.whole for v in verdicts),
         # Not whole, but said: a gap named, or an explicit terminal error/cancel.
         "readers_told": sum(not v.whole and not v.hung and v.silent_gaps == 0
-                            and v.duplicates == 0 and v.out_of_order == 0 for v in verdicts),
+                            and v.duplicates == 0 and v.out_of_order == 0
+                            and v.misplaced == 0 for v in verdicts),
         "readers_hung": sum(v.hung for v in verdicts),
         "duplicates": sum(v.duplicates for v in verdicts),
         "out_of_order": sum(v.out_of_order for v in verdicts),
+        "misplaced": sum(v.misplaced for v in verdicts),
         "silent_gaps": sum(v.silent_gaps for v in verdicts),
         "told_gaps": sum(v.told_gaps for v in verdicts),
         # Every reader ended whole or was told why not, none waited for nothing.
         "histories_sound": all(not v.hung and v.silent_gaps == 0 and v.duplicates == 0
-                               and v.out_of_order == 0 for v in verdicts),
+                               and v.out_of_order == 0 and v.misplaced == 0
+                               for v in verdicts),
         "ends_other_than_done": ", ".join(f"{k} {n}" for k, n in ends.most_common(4))
                                 or "none",
         # `event: retry` told to readers, by why (the store unreachable, an

@@ -198,6 +198,8 @@ REDIS_RESTART = Scenario(
          Check("readers_hung", "==", 0, "every reader got a terminal event"),
          Check("histories_sound", "==", True,
                "each reader whole, or told (gap, error): no duplicate, no silent gap"),
+         # A process restart on the AOF loses nothing (docs/resume.md): whole, not told.
+         Check("readers_whole", "==", 2 * STREAMS, "every reader on both gateways whole"),
          Check("streams_left_running", "==", 0, "Redis has every stream's end"),
          Check("unretrieved_task_errors", "==", 0, "no task of the resume path died unseen")),
         "the shipped settings: any failed write retried, a reset connection made again"),

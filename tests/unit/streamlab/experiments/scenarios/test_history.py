@@ -4,6 +4,7 @@ each failure it exists to catch, and the histories it must accept."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from streamlab.experiments.scenarios.history import History, judge, judge_one
 
@@ -11,7 +12,7 @@ TOKENS = 5
 STREAM = "s1"
 
 
-Event = tuple[str, int | None] | tuple[str, int | None, dict[str, str]]
+Event = tuple[str, int | None] | tuple[str, int | None, Mapping[str, object]]
 
 
 def history(*events: Event) -> History:
@@ -24,6 +25,11 @@ def history(*events: Event) -> History:
 
 def tokens(*seqs: int) -> list[tuple[str, int | None]]:
     return [("token", s) for s in seqs]
+
+
+def indexed(*pairs: tuple[int, int]) -> list[Event]:
+    """Tokens as the gateway sends them: (seq, the engine's index)."""
+    return [("token", seq, {"index": index, "text": f"t{index} "}) for seq, index in pairs]
 
 
 def test_a_whole_history_is_every_token_once_in_order_then_done() -> None:
@@ -98,3 +104,36 @@ def test_retries_told_are_counted_by_why_and_are_no_end() -> None:
     figures = judge([h], TOKENS)
     assert figures["readers_whole"] == 1
     assert figures["retries_told"] == "resume_store_unavailable 2"
+
+
+def test_a_whole_history_with_indexes_is_whole() -> None:
+    verdict = judge_one(history(*indexed(*((seq, seq - 1) for seq in range(1, 6))),
+                                ("done", 6)), TOKENS)
+    assert verdict.whole
+    assert verdict.misplaced == 0
+
+
+def test_a_generation_replayed_from_its_start_under_new_ids_is_caught() -> None:
+    """A taken-over stream that attached "from the first" again: tokens 0..2
+    come back as seqs 4..6, then the rest; every seq is new, so only the
+    indexes show the text twice."""
+    replayed = history(*indexed((1, 0), (2, 1), (3, 2), (4, 0), (5, 1), (6, 2), (7, 3),
+                                (8, 4)), ("done", 9))
+    verdict = judge_one(replayed, TOKENS)
+    assert not verdict.whole
+    assert verdict.duplicates == 3
+    assert verdict.misplaced >= 3
+    figures = judge([replayed], TOKENS)
+    assert figures["histories_sound"] is False
+    assert figures["readers_told"] == 0
+
+
+def test_tokens_past_the_answers_end_and_an_early_done_are_misplaced() -> None:
+    extra = judge_one(history(*tokens(1, 2, 3, 4, 5, 6, 7), ("done", 8)), TOKENS)
+    assert extra.misplaced == 3  # seqs 6 and 7 are past token N, done is not at N + 1
+    assert not extra.whole
+    ended_early = history(*tokens(1, 2, 3), ("done", 4))
+    early = judge_one(ended_early, TOKENS)
+    assert early.misplaced == 1
+    assert not early.whole
+    assert judge([ended_early], TOKENS)["histories_sound"] is False
