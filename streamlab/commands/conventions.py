@@ -90,6 +90,18 @@ err = OutputConsole(stderr=True)
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 
+# What a command did not turn into a failure of its own: the lab's errors (a
+# service that did not start, a proxy that refused its config) and the
+# operating system's. Said in one line (and as the --json error document),
+# exit 1, not a traceback; STREAMLAB_TRACEBACK=1 shows the traceback.
+UNFORESEEN = (StreamlabError, OSError)
+TRACEBACK_VAR = "STREAMLAB_TRACEBACK"
+
+
+def unforeseen(exc: BaseException) -> str:
+    return (f"{type(exc).__name__}: {exc} (set {TRACEBACK_VAR}=1 for the traceback)")
+
+
 class CommandFailed(StreamlabError, ClickException):
     """A command gives up: the message goes to stderr (and into the JSON
     document under --json), the exit status is `exit_code`."""
@@ -294,12 +306,21 @@ class StreamlabCommand(TyperCommand):
             except CommandFailed as exc:
                 say_failure(exc.message)
                 raise Exit(exc.exit_code) from None
+            except UNFORESEEN as exc:
+                if os.environ.get(TRACEBACK_VAR):
+                    raise
+                say_failure(unforeseen(exc))
+                raise Exit(EXIT_UNEXPECTED) from None
         args = getattr(self, "_args", [])
         with _watched() as (out, error):
             try:
                 return super().invoke(ctx)
             except CommandFailed as exc:
                 failure = (exc.kind, exc.message, exc.exit_code)
+            except UNFORESEEN as exc:
+                if os.environ.get(TRACEBACK_VAR):
+                    raise
+                failure = ("failed", unforeseen(exc), EXIT_UNEXPECTED)
             except UsageError as exc:
                 failure = ("usage", exc.format_message(), EXIT_USAGE)
             except (Exit, SystemExit) as exc:

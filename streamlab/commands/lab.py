@@ -24,7 +24,7 @@ from streamlab.lab.compose import ComposeLab, selected_target
 from streamlab.lab.engine_backend import BackendChoiceError, BackendName, choose
 from streamlab.lab.local import Lab, LabOptions
 from streamlab.lab.nginx import NginxOptions
-from streamlab.lab.processes import StartError
+from streamlab.lab.processes import StartError, pid_alive
 from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import Ports, console_url
@@ -45,15 +45,23 @@ RunDir = Annotated[Path, typer.Option(
 DEFAULT_RUN_DIR = default_run_dir()
 
 
-def attached(run_dir: Path) -> LabTarget:
+def attached(run_dir: Path, *, running: bool = True) -> LabTarget:
     """The lab `streamlab up` started from run_dir, or a clear exit if there is none.
-    With STREAMLAB_TARGET=compose: the compose project, through its published ports."""
+    With STREAMLAB_TARGET=compose: the compose project, through its published ports.
+    `running`: a lab whose processes are all gone (a reboot, an OOM kill) is no
+    lab either (exit 3); False for what reads a dead lab too (its logs)."""
     if selected_target() == "compose":
         return ComposeLab.from_env()
     if not (run_dir / "state.json").exists():
         fail(f"No lab is running from {run_dir}. Start one with `streamlab up`.",
              EXIT_UNREACHABLE)
-    return Lab.attach(run_dir)
+    lab = Lab.attach(run_dir)
+    if running and not any(pid_alive(pid) for pid in lab.pids.values()):
+        fail(f"The lab in {run_dir} is not running: none of its processes is alive (a "
+             "reboot, or they were killed). `streamlab down` clears what it left, "
+             "`streamlab up` starts a new one; `streamlab logs` still reads its logs.",
+             EXIT_UNREACHABLE)
+    return lab
 
 
 def _not_for_compose(instead: str) -> None:

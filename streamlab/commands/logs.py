@@ -121,7 +121,7 @@ def logs_command(
     STREAMLAB_TARGET=compose) are `docker compose logs`."""
     if as_json and follow_logs:
         fail("--json prints one document: drop --follow", EXIT_USAGE)
-    lab = attached(run_dir)
+    lab = attached(run_dir, running=False)  # a dead lab's logs say why it died
     if isinstance(lab, ComposeLab):
         _compose_logs(lab, service, follow_logs, tail, as_json)
         return

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -37,6 +38,7 @@ from streamlab.commands.conventions import OutputConsole, aliases, split_list, v
 from streamlab.experiments.report import Report
 from streamlab.experiments.scenarios import get, names
 from streamlab.lab.fake import FakeLab
+from streamlab.lab.processes import StartError
 from streamlab.lab.target import Capability
 from streamlab.lab.topology import Ports
 from streamlab.lab.toxiproxy import Toxic
@@ -232,6 +234,43 @@ def test_no_lab_is_exit_3_from_every_command(path: str, as_json: bool,
         assert result.stdout == ""
 
 
+@pytest.mark.parametrize("path", [p for p in NEED_A_LAB if p != "logs"])
+def test_a_lab_whose_processes_are_gone_is_no_lab(path: str, tmp_path: Path) -> None:
+    """After a reboot or a kill, state.json outlives the lab: every command that
+    needs a lab says so (exit 3) instead of failing on dead ports with a
+    traceback; `logs` still reads why it died and `down` clears it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    run_dir = tmp_path / "dead-lab"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps(
+        {"ports": {}, "services": {"engine": {"pid": dead.pid, "log": str(run_dir / "e.log")}}}))
+    result = invoke(*path.split(), *ARGUMENTS.get(path, []), "--run-dir", str(run_dir),
+                    "--json")
+    assert result.exit_code == 3, result.output
+    assert one_document(result)["error"]["message"].startswith(
+        f"The lab in {run_dir} is not running")
+    assert invoke("logs", "--run-dir", str(run_dir), "--json").exit_code == 0
+    assert invoke("down", "--run-dir", str(run_dir)).exit_code == 0
+    assert not (run_dir / "state.json").exists()
+
+
+def test_an_error_nobody_turned_into_a_failure_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def refuse(_: Path) -> None:
+        raise StartError("toxiproxy was not ready within 20 s")
+
+    monkeypatch.setattr(lab_commands, "attached", refuse)
+    for as_json in (True, False):
+        result = invoke("status", "--run-dir", str(tmp_path), *(["--json"] if as_json else []))
+        assert result.exit_code == 1
+        assert "StartError: toxiproxy was not ready within 20 s" in result.stderr
+        assert "Traceback" not in result.output
+        if as_json:
+            assert one_document(result)["error"]["kind"] == "failed"
+
+
 @pytest.fixture
 def lab(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLab:
     """A lab every lab command attaches to: in memory, lab.env's addresses,
@@ -242,7 +281,7 @@ def lab(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeLab:
         log.write_text("".join(f"{name} line {i}\n" for i in range(1, 6)))
         fake.fake_logs[name] = log
     for module in (lab_commands, toxic_commands, logs_commands):
-        monkeypatch.setattr(module, "attached", lambda run_dir: fake)
+        monkeypatch.setattr(module, "attached", lambda run_dir, running=True: fake)
     return fake
 
 
