@@ -45,6 +45,13 @@ class ToxiproxyNotFound(StreamlabError, FileNotFoundError):
     names every place looked and how to get one."""
 
 
+# What the compose lab needs that a wheel does not carry.
+COMPOSE_NEEDS_A_CLONE = (
+    "the compose lab is built from a clone of streamlab's repository (compose.yaml, the "
+    "Dockerfiles, the proxies' configs), and this streamlab is installed without one: "
+    "clone the repository and run it from there")
+
+
 def clone() -> Path | None:
     """The repo root when streamlab runs from a clone of its repository, else None."""
     if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "lab.env").is_file():

@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from streamlab.commands.conventions import AsJson, OutputConsole, fail, print_json
+from streamlab.exit_codes import EXIT_USAGE
 from streamlab.lab import compose_config
 from streamlab.lab.topology import REPO_ROOT
+from streamlab.paths import COMPOSE_NEEDS_A_CLONE, clone
 
 app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy configs and "
                   "certificates.",
@@ -17,6 +19,12 @@ app = typer.Typer(help="The compose lab (compose.yaml): its generated proxy conf
                   no_args_is_help=True)
 console = OutputConsole()
 err = OutputConsole(stderr=True)
+
+def needs_a_clone() -> None:
+    """Installed from a wheel there is no compose.yaml to write beside, nor a
+    proxies/ folder: say so (exit 2) instead of writing into site-packages."""
+    if clone() is None:
+        fail(COMPOSE_NEEDS_A_CLONE, EXIT_USAGE)
 
 
 @app.command(short_help="Write Toxiproxy's and nginx's compose configs from lab.env.")
@@ -26,6 +34,7 @@ def config(
     as_json: AsJson = False,
 ) -> None:
     """Write Toxiproxy's and nginx's compose configs from lab.env and the hop definition."""
+    needs_a_clone()
     if check:
         try:
             compose_config.check()
@@ -54,6 +63,7 @@ def tls(
     """Make the compose lab's CA and nginx certificate (kept if present): with them
     nginx's TLS + HTTP/2 listener comes up (docs/http2.md). Keys stay in DIR,
     which git ignores."""
+    needs_a_clone()
     made = compose_config.write_tls(Path(directory))
     if as_json:
         print_json({"ca_cert": str(made.ca_cert), "dir": directory})

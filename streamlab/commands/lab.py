@@ -29,7 +29,7 @@ from streamlab.lab.proxies import PROXY_NAMES
 from streamlab.lab.target import LabTarget
 from streamlab.lab.topology import Ports, console_url
 from streamlab.lab.trace_timeline import client_headers, record_stream
-from streamlab.paths import RUN_DIR_VAR, clone
+from streamlab.paths import COMPOSE_NEEDS_A_CLONE, RUN_DIR_VAR, clone
 from streamlab.paths import run_dir as default_run_dir
 
 app = typer.Typer()
@@ -51,6 +51,8 @@ def attached(run_dir: Path, *, running: bool = True) -> LabTarget:
     `running`: a lab whose processes are all gone (a reboot, an OOM kill) is no
     lab either (exit 3); False for what reads a dead lab too (its logs)."""
     if selected_target() == "compose":
+        if clone() is None:
+            fail(f"STREAMLAB_TARGET=compose: {COMPOSE_NEEDS_A_CLONE}", EXIT_USAGE)
         return ComposeLab.from_env()
     if not (run_dir / "state.json").exists():
         fail(f"No lab is running from {run_dir}. Start one with `streamlab up`.",

@@ -514,3 +514,18 @@ def test_a_table_is_not_cut_to_80_columns_without_a_terminal(
     plain = io.StringIO()
     Console(file=plain, _environ={}).print(wide_table())  # rich's own: cut at 80
     assert "…" in plain.getvalue()
+
+
+@pytest.mark.parametrize("args", [["compose", "config"], ["compose", "tls"], ["status"]])
+def test_the_compose_lab_from_a_wheel_says_it_needs_a_clone(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """Installed without a clone there is no compose.yaml: exit 2 and why, not a
+    FileNotFoundError, nor a CA key written into site-packages."""
+    import streamlab.commands.compose as compose_commands
+
+    for module in (compose_commands, lab_commands):
+        monkeypatch.setattr(module, "clone", lambda: None)
+    result = invoke(*args, "--json", env={"STREAMLAB_TARGET": "compose"})
+    assert result.exit_code == 2, result.output
+    assert "clone of streamlab's repository" in one_document(result)["error"]["message"]
