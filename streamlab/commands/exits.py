@@ -26,7 +26,7 @@ from streamlab.commands.conventions import fail
 from streamlab.commands.lab import attached
 from streamlab.exit_codes import EXIT_AS_EXPECTED, EXIT_UNEXPECTED, EXIT_UNREACHABLE, EXIT_USAGE
 from streamlab.experiments.report import Report
-from streamlab.lab.target import LabTarget, MissingCapability
+from streamlab.lab.target import LabTarget, MissingCapability, TargetUnreachable
 from streamlab.lab.toxiproxy import ToxiproxyError
 
 __all__ = ["EXIT_CODES", "EXIT_CODES_TARGETS", "EXIT_STATUS_HELP", "experiment_exits", "reach",
@@ -70,6 +70,8 @@ def experiment_exits() -> Iterator[None]:
         yield
     except MissingCapability as exc:
         fail(str(exc), EXIT_USAGE)
+    except TargetUnreachable as exc:
+        fail(str(exc), EXIT_UNREACHABLE)
     except ToxiproxyError as exc:
         if exc.status_code:  # it answered and refused: the run's failure, not the lab's absence
             raise

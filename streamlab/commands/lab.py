@@ -352,11 +352,12 @@ def chat(
                       f"(HTTP {result.status})")
         ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "-"
         console.print(f"[dim]TTFT {ttft} · total {result.total_s * 1000:.0f} ms · "
-                      f"{len(result.texts)} tokens · request {result.request_id}[/]",
+                      f"{len(result.texts)} tokens · request {escape(str(result.request_id))}[/]",
                       soft_wrap=True)  # the id whole on its line, to copy
         if traced and result.request_id:
             extra = "" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}"
-            console.print(f"[dim]its timeline: streamlab trace {result.request_id}{extra}[/]",
+            console.print(f"[dim]its timeline: streamlab trace "
+                          f"{escape(str(result.request_id))}{escape(extra)}[/]",
                           highlight=False, soft_wrap=True)
         if result.error:
             raise typer.Exit(1)

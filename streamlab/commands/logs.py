@@ -129,6 +129,8 @@ def logs_command(
     if logs is None:
         fail("this lab keeps no log files the CLI can read", EXIT_USAGE)
     if service is not None:
+        if service == lab.edge_proxy and service not in logs:
+            service = "nginx"  # the edge proxy keeps nginx's slot (status names it so too)
         if service not in logs:
             fail(f"no service {service!r} in this lab; it has: {', '.join(logs)}", EXIT_USAGE)
         logs = {service: logs[service]}

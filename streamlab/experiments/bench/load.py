@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from streamlab.experiments.bench.probes import CpuMeter, cpu_ms
 from streamlab.experiments.bench.stats import percentile
 from streamlab.experiments.report import Figures, Report
+from streamlab.lab.target import TargetUnreachable
 
 # What every token event of the OpenAI route carries and nothing else does
 # (the finish event's delta is empty): counted, never parsed.
@@ -422,5 +423,11 @@ def bench_load(url: str, *, streams: int = 100, rate: float = 0.0, duration_s: f
                                   target.path or "/v1/chat/completions", body,
                                   streams=0 if rate else streams, rate=rate,
                                   duration_s=duration_s))
+    if result.completed == 0 and result.errors and all(
+            key.startswith("connect") for key in result.errors):
+        # Nothing to measure: the target is not there (exit 3), not a run
+        # whose figures happen to be empty.
+        raise TargetUnreachable(f"{url} does not answer: no stream connected "
+                                f"({', '.join(f'{k}: {v}' for k, v in result.errors.items())})")
     return result.report(variant=f"{rate:g}/s for {duration_s:g} s" if rate
                          else f"{streams} at once")

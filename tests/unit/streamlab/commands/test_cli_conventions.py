@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -451,6 +452,17 @@ def test_logs_prints_each_service_s_last_lines_after_its_name(lab: FakeLab) -> N
     assert one.stdout.splitlines() == [f"engine line {i}" for i in range(1, 6)]
 
 
+def test_logs_of_the_edge_proxy_by_its_own_name(lab: FakeLab, tmp_path: Path) -> None:
+    """`status` names the proxy in nginx's slot (haproxy); `logs haproxy` reads it."""
+    lab.edge_proxy = "haproxy"
+    log = tmp_path / "nginx.log"
+    log.write_text("haproxy line 1\n")
+    lab.fake_logs["nginx"] = log
+    result = invoke("logs", "haproxy", "--tail", "0")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["haproxy line 1"]
+
+
 def test_logs_of_a_service_the_lab_lacks_is_a_usage_error(lab: FakeLab) -> None:
     result = invoke("logs", "nginx-9")
     assert result.exit_code == 2
@@ -529,3 +541,13 @@ def test_the_compose_lab_from_a_wheel_says_it_needs_a_clone(
     result = invoke(*args, "--json", env={"STREAMLAB_TARGET": "compose"})
     assert result.exit_code == 2, result.output
     assert "clone of streamlab's repository" in one_document(result)["error"]["message"]
+
+
+def test_bench_load_against_nothing_is_unreachable_not_as_expected() -> None:
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = invoke("bench", "load", f"http://127.0.0.1:{port}/v1/chat/completions",
+                    "--concurrency", "3", "--json")
+    assert result.exit_code == 3, result.output
+    assert "no stream connected" in one_document(result)["error"]["message"]
