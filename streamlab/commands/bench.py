@@ -484,10 +484,11 @@ def engine_death(
     rounds: Annotated[int, typer.Option(
         "--repeat", min=1, help="Rounds of (blip, SIGKILL) per wire and window.")] = 3,
     window: Annotated[ListOption, typer.Option(
+        "--window-s", "--window",
         help="The gateway's reattach_window_s, seconds, each in turn (the gateway "
              "restarted on each; default: its own default).")] = None,
-    blip: Annotated[float, typer.Option(min=0.1, help="The engine-hop blip, seconds.")
-                    ] = 2.0,
+    blip: Annotated[float, typer.Option(
+        "--blip-s", "--blip", min=0.1, help="The engine-hop blip, seconds.")] = 2.0,
     wire: Annotated[ListOption, typer.Option(
         help="Engine wires, each in turn: per_request, multiplexed (default: multiplexed).")
     ] = None,
@@ -508,9 +509,9 @@ def engine_death(
     try:
         windows = tuple(float(w) for w in items)
     except ValueError:
-        raise typer.BadParameter(f"--window {','.join(items)!r}: seconds") from None
+        raise typer.BadParameter(f"--window-s {','.join(items)!r}: seconds") from None
     if any(w <= 0 for w in windows):
-        raise typer.BadParameter(f"--window {','.join(items)!r}: each above 0")
+        raise typer.BadParameter(f"--window-s {','.join(items)!r}: each above 0")
     with experiment_exits(), _progress() as progress:
         task = progress.add_task("starting a lab", total=None)
         report = bench_engine_death(wires, windows or None, streams=concurrency,

@@ -344,6 +344,13 @@ class StreamlabCommand(TyperCommand):
         with tidy_help(self, ctx):
             super().format_help(ctx, formatter)
 
+    def shell_complete(self, ctx: Context, incomplete: str) -> list[Any]:
+        """Completion offers each option by its one name: the old names are
+        accepted but never shown (`--rep` gave `--repeat --reps`)."""
+        old = {name for param in self.params for name in aliases(param)}
+        return [item for item in super().shell_complete(ctx, incomplete)
+                if item.value not in old]
+
 
 class StreamlabGroup(TyperGroup):
     """Every group: help within 80 columns, and its own usage errors (an

@@ -427,6 +427,8 @@ def complete(words: str) -> list[str]:
     ("streamlab check http://127.0.0.1:8000/v1 --only heart", {"heartbeat"}),
     ("streamlab soak --broken rel", {"relay=detached_unbounded"}),
     ("streamlab logs gat", {"gateway"}),
+    ("streamlab bench transports --rep", {"--repeat"}),  # not its old name --reps
+    ("streamlab bench engine-death --bli", {"--blip-s"}),
 ])
 def test_completion_offers_the_registries_names(words: str, offered: set[str]) -> None:
     assert set(complete(words)) == offered
