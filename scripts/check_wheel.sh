@@ -54,7 +54,9 @@ trap 'exit 130' INT TERM
 
 # ---- 1. build and check ---------------------------------------------------------------
 say "building the sdist, then the wheel from it"
-.venv/bin/python -m build --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 \
+# Without build isolation: the venv's setuptools (dev.lock's, hashed), not the
+# newest one an isolated build would fetch from PyPI unpinned.
+.venv/bin/python -m build --no-isolation --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 \
   || { tail -n 30 "$WORK/build.log" >&2; exit 1; }
 .venv/bin/twine check --strict "$WORK"/dist/*
 wheel=$(ls "$WORK"/dist/streamlab-*.whl)

@@ -154,9 +154,11 @@ if ! lacking python3-venv && ! has_extras "$EXTRAS"; then
             | paste -sd, -)
   say "creating .venv and installing requirements/$lock.lock, then the project (extras $wanted)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q -r requirements/pip.lock  # pip itself, pinned too
+  .venv/bin/python -m pip install -q -r requirements/pip.lock  # pip and setuptools, pinned too
   .venv/bin/python -m pip install -q -r "requirements/$lock.lock"
-  .venv/bin/python -m pip install -q --no-deps -e .
+  # The project built with pip.lock's setuptools, not a newest one build isolation
+  # would fetch unpinned.
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
   rm -f .venv/.installed-* && tr ',' '\n' <<<"$wanted" > "$stamp"
 fi
 # The independent servers the check tests run against: with the dev tools only.

@@ -74,9 +74,11 @@ def test_the_venv_and_the_images_install_locks_only() -> None:
     pip_lines = [line.strip() for line in install.splitlines() if "pip install" in line
                  and not line.lstrip().startswith("#") and "--upgrade pip" not in line]
     assert pip_lines == [
-        ".venv/bin/python -m pip install -q -r requirements/pip.lock  # pip itself, pinned too",
+        ".venv/bin/python -m pip install -q -r requirements/pip.lock  # pip and setuptools, "
+        "pinned too",
         '.venv/bin/python -m pip install -q -r "requirements/$lock.lock"',
-        ".venv/bin/python -m pip install -q --no-deps -e .",
+        # Built by pip.lock's setuptools: no isolated build fetching an unpinned one.
+        ".venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .",
         ".venv/bin/python -m pip install -q -r requirements/hf.lock",
     ]
     dockerfile = (ROOT / "services" / "Dockerfile").read_text()
