@@ -16,10 +16,11 @@ lab is stopped (`streamlab down`).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +29,7 @@ import typer
 from streamlab.commands.completion import complete_services
 from streamlab.commands.conventions import AsJson, fail, print_json
 from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir, attached
-from streamlab.exit_codes import EXIT_USAGE
+from streamlab.exit_codes import EXIT_UNEXPECTED, EXIT_USAGE
 from streamlab.lab.compose import ComposeLab
 
 app = typer.Typer()
@@ -175,11 +176,27 @@ def _compose_logs(lab: ComposeLab, service: str | None, follow_logs: bool, tail:
             return
         except OSError as exc:
             fail(f"`{' '.join(argv)}` did not run: {exc}")
-        raise typer.Exit(code)
+        # compose's own status (125: the project is not there) is not one of
+        # ours: a failure is 1, as everywhere (its words went to stderr).
+        raise typer.Exit(EXIT_UNEXPECTED if code else 0)
     try:
         done = subprocess.run(argv, check=False, capture_output=True, text=True)
     except OSError as exc:
         fail(f"`{' '.join(argv)}` did not run: {exc}")
     if done.returncode:
         fail(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
-    print_json({"compose": argv, "lines": done.stdout.splitlines()})
+    print_json({"compose": argv, "logs": {
+        name: {"lines": lines} for name, lines in by_service(done.stdout.splitlines()).items()}})
+
+
+def by_service(lines: Iterable[str]) -> dict[str, list[str]]:
+    """`docker compose logs --no-color` lines (`gateway-1  | text`; `gateway_1 |`
+    from docker-compose 1) by service, as the local lab's `logs --json` gives them."""
+    grouped: dict[str, list[str]] = {}
+    for line in lines:
+        prefix, sep, text = line.partition("|")
+        if not sep:
+            continue  # compose's own words, not a service's line
+        name = re.sub(r"[-_]\d+$", "", prefix.strip())
+        grouped.setdefault(name, []).append(text[1:] if text.startswith(" ") else text)
+    return grouped

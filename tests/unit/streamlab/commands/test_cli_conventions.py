@@ -553,3 +553,14 @@ def test_bench_load_against_nothing_is_unreachable_not_as_expected() -> None:
                     "--concurrency", "3", "--json")
     assert result.exit_code == 3, result.output
     assert "no stream connected" in one_document(result)["error"]["message"]
+
+
+def test_compose_logs_are_grouped_by_service_as_the_local_labs() -> None:
+    from streamlab.commands.logs import by_service
+
+    lines = ["Attaching to x_gateway_1, x_gateway-2_1",  # compose's own words
+             "gateway_1    | started", "gateway-2_1  | ready | yes", "gateway-2-1  | v2 line",
+             "engine-1  |  indented"]
+    assert by_service(lines) == {"gateway": ["started"],
+                                 "gateway-2": ["ready | yes", "v2 line"],
+                                 "engine": [" indented"]}
