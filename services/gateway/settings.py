@@ -251,6 +251,12 @@ class GatewaySettings(BaseSettings):
     # engine-death`, docs/resume.md), hence 6 s; and stay below the engine's
     # orphan grace (60 s), which stops what nobody attaches.
     reattach_window_s: float = Field(6.0, gt=0)
+    # How long a replica that took a lost owner's stream over keeps trying to
+    # attach to its generation while the engines answer 503/504 (a 404 ends it
+    # at once): longer than the owner's own window, since the engines are up
+    # and one slow to answer is load, not death (a storm's survivor takes
+    # hundreds over at once); below the engine's orphan grace (60 s).
+    takeover_window_s: float = Field(20.0, gt=0)
 
     # ---- polling jobs (/v1/jobs; services/gateway/jobs.py) -----------------------
     # A job nobody polls for this many seconds is cancelled at the engine and

@@ -78,7 +78,6 @@ from services.gateway.resume.replay_log import Entry, ReplayLog, event_id, is_st
 from services.gateway.resume.store import FoundStream, ResumeStore
 from services.gateway.resume.streams import (
     REATTACH_BACKOFF_S,
-    TAKEOVER_WINDOW_S,
     Attach,
     ResumableStream,
     StreamPolicy,
@@ -772,7 +771,7 @@ class RedisStore(ResumeStore):
 
     async def _adopt_claimed(self, stream_id: str, keys: StreamKeys, meta: StreamMeta,
                              last_seq: int, cursor: int) -> None:
-        deadline = time.monotonic() + TAKEOVER_WINDOW_S
+        deadline = time.monotonic() + self.settings.takeover_window_s
         while True:
             try:
                 await self._adopt(stream_id, meta, last_seq)

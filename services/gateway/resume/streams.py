@@ -75,11 +75,9 @@ MAX_TOMBSTONES = 10_000  # evicted ids remembered for a 410 instead of a 404
 # generation (gRPC UNAVAILABLE: connection refused or reset; the idle
 # deadline: a black-holed hop): a detachable one is attached again.
 TRANSIENT_ENGINE_ERRORS = frozenset({"unavailable", "engine_idle_timeout"})
-# The take-over's window (redis_store.py: a lost owner's generation, whose
-# engines are up): below the engine's orphan grace (services/engine/
-# settings.py, 60 s); docs/resume.md has the arithmetic. The owner's own
-# re-attach after its engine call dropped uses `settings.reattach_window_s`.
-TAKEOVER_WINDOW_S = 20.0
+# The owner's re-attach after its engine call dropped is bounded by
+# `settings.reattach_window_s`, a take-over's (redis_store.py) by
+# `settings.takeover_window_s`; this is how often either tries again.
 REATTACH_BACKOFF_S = 0.25
 # What readers are told while the owner attaches again (`event: retry`, not
 # in the log), and the terminal `error` code once the generation is lost.
