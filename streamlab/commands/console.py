@@ -9,13 +9,14 @@ while you break hops and press Stop (docs/console.md).
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Annotated
 
 import typer
 
-from streamlab import paths
-from streamlab.commands.conventions import print_json
+from streamlab.commands.conventions import fail, print_json
+from streamlab.commands.lab import DEFAULT_RUN_DIR, RunDir
 from streamlab.lab.topology import Ports
 
 app = typer.Typer()
@@ -27,6 +28,7 @@ def console(
                     ] = None,
     port: Annotated[int | None, typer.Option(
         help="Listen on this port (default: STREAMLAB_CONSOLE_PORT from lab.env).")] = None,
+    run_dir: RunDir = DEFAULT_RUN_DIR,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print where it serves as one JSON document, then serve.")] = False,
 ) -> None:
@@ -39,10 +41,19 @@ def console(
     from streamlab.console.app import create_app
     from streamlab.lab.console_settings import ConsoleSettings
 
-    settings = ConsoleSettings.for_ports(Ports.load(), paths.run_dir())
+    settings = ConsoleSettings.for_ports(Ports.load(), run_dir)
     settings = settings.model_copy(update={k: v for k, v in {"host": host, "port": port}.items()
                                            if v is not None})
     url = f"http://{settings.host}:{settings.port}/"
+    # Before saying where it serves: a port in use is this command's failure
+    # (exit 1, one document under --json), not uvicorn's exit 3 after the
+    # "serving" document, which the CLI reserves for "no lab".
+    try:
+        with socket.create_server((settings.host, settings.port)):
+            pass
+    except OSError as exc:
+        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc} "
+             "(another console? `--port`)")
     if as_json:
         print_json({"url": url, "edge": settings.edge_url})
         sys.stdout.flush()

@@ -206,8 +206,9 @@ ARGUMENTS = {
 }
 # Commands with a run dir that need no lab there: `up` starts one, `down`
 # with none up has nothing to do (exit 0: `make down` twice is no error);
-# `scenario show --last` reads what a run left there, the lab up or not.
-NO_LAB_NEEDED = {"up", "down", "scenario show"}
+# `scenario show --last` reads what a run left there, the lab up or not; the
+# console serves whether or not a lab is up.
+NO_LAB_NEEDED = {"up", "down", "scenario show", "console"}
 NEED_A_LAB = sorted(path for path, command in COMMANDS.items()
                     if any(p.name == "run_dir" for p in command.params)
                     and path not in NO_LAB_NEEDED)
@@ -564,3 +565,13 @@ def test_compose_logs_are_grouped_by_service_as_the_local_labs() -> None:
     assert by_service(lines) == {"gateway": ["started"],
                                  "gateway-2": ["ready | yes", "v2 line"],
                                  "engine": [" indented"]}
+
+
+def test_a_console_on_a_port_in_use_is_one_failure_document() -> None:
+    """Not the "serving" document and then uvicorn's exit 3 (the CLI's "no lab")."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = invoke("console", "--host", "127.0.0.1", "--port", str(port), "--json")
+    assert result.exit_code == 1, result.output
+    document = one_document(result)
+    assert f"cannot listen on 127.0.0.1:{port}" in document["error"]["message"]
