@@ -43,6 +43,7 @@ from services.gateway.resume.redis_keys import StreamKeys, StreamMeta, entry_id,
 from services.gateway.resume.redis_log import STORE_ERRORS, StoreMetrics
 from services.gateway.resume.replay_log import event_id
 from services.gateway.resume.store import STORE_UNAVAILABLE, gap_event, retry_event
+from services.gateway.resume.streams import ENGINE_REATTACHING, GENERATION_LOST
 
 OwnerGone = Callable[[str, StreamKeys, StreamMeta, int], Awaitable[bool]]
 # After a take-over by this replica: the stream's events from this replica's
@@ -107,6 +108,16 @@ class Presence:
                 await self._redis.zrem(self._keys.followers, self.member)
 
 
+def lost_after_reattaching(data: str) -> bool:
+    """An `error` event's data says `generation_lost`: only the owner's re-attach
+    (streams.py) ends a stream so, after telling its readers it was trying."""
+    try:
+        error = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == GENERATION_LOST
+
+
 async def fresh_followers(redis: Redis, keys: StreamKeys) -> int:
     """Readers on other replicas whose presence has not expired."""
     return int(await redis.zcount(keys.followers, int(time.time() * 1000), "+inf"))
@@ -140,6 +151,14 @@ async def tail(redis: Redis, keys: StreamKeys, stream_id: str, *, after: int, re
                 if seq > cursor + 1:  # trimmed by MAXLEN, or never written (dropped)
                     yield gap_event(stream_id, cursor + 1, seq - 1)
                 kind = fields["k"]
+                if kind == "error" and not told and lost_after_reattaching(fields["d"]):
+                    # The owner's re-attach ended before this reader read its
+                    # notice from the meta (a restarted engine's NOT_FOUND
+                    # within one blocking read): told with the end it led to,
+                    # as the owner's own readers were told before it.
+                    told = "with the end"
+                    yield retry_event(ENGINE_REATTACHING, "the engine call dropped; attaching "
+                                      "to the generation again was tried", retry_ms)
                 yield ServerSentEvent(id=event_id(stream_id, seq), event=kind,
                                       data=fields["d"], sep="\n")
                 cursor = seq
